@@ -1,0 +1,289 @@
+"""The bus: one small interface, three implementations.
+
+* :class:`InProcessBus` — the embedded default: topics in memory, consumer groups with committed
+  offsets, partitions by key hash (so per-host order holds exactly as on Kafka).
+* :class:`JsonlBus` — newline-delimited JSON files (``.jsonl`` or ``.jsonl.gz``): recordings,
+  replay files, ``--sink jsonl:PATH``.
+* :class:`fleethealth.kafka_bus.KafkaBus` — Apache Kafka through kafka-python.
+
+Values are encoded contract messages (bytes); keys are host names.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import threading
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol, runtime_checkable
+
+TELEMETRY = "fleet.telemetry.v1"
+INCIDENTS = "fleet.incidents.v1"
+ACTIONS = "fleet.actions.v1"
+DEADLETTER = "fleet.deadletter.v1"
+TOPICS = (TELEMETRY, INCIDENTS, ACTIONS, DEADLETTER)
+DEFAULT_PARTITIONS = 8
+
+
+class BusError(RuntimeError):
+    """The bus could not deliver or read (broker down, file unreadable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    ts: float | None = None
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]: ...
+
+    def commit(self) -> None:
+        """Commit the offsets of everything returned by poll so far."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Bus(Protocol):
+    def publish(self, topic: str, key: str | None, value: bytes) -> None: ...
+
+    def flush(self, timeout: float | None = None) -> None: ...
+
+    def consumer(self, topics: Sequence[str], group: str) -> Consumer: ...
+
+    def close(self) -> None: ...
+
+
+def partition_for(key: str | None, partitions: int) -> int:
+    """Stable key -> partition (crc32, so it is the same in every process)."""
+    if not key:
+        return 0
+    return zlib.crc32(key.encode()) % partitions
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+@dataclass
+class _Topic:
+    partitions: list[list[Record]]
+
+
+@dataclass
+class _Group:
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class InProcessBus:
+    """Topics in memory. Thread-safe. Consumers of one group share the group's committed offsets;
+    an uncommitted poll is seen again by the next consumer of the group (as on Kafka)."""
+
+    def __init__(self, partitions: int = DEFAULT_PARTITIONS) -> None:
+        self._partitions = partitions
+        self._topics: dict[str, _Topic] = {}
+        self._groups: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+
+    def _topic(self, name: str) -> _Topic:
+        t = self._topics.get(name)
+        if t is None:
+            t = self._topics[name] = _Topic([[] for _ in range(self._partitions)])
+        return t
+
+    def publish(self, topic: str, key: str | None, value: bytes) -> None:
+        with self._cv:
+            t = self._topic(topic)
+            p = partition_for(key, self._partitions)
+            part = t.partitions[p]
+            part.append(Record(topic, p, len(part), key, value))
+            self._cv.notify_all()
+
+    def flush(self, timeout: float | None = None) -> None:
+        return None
+
+    def records(self, topic: str) -> list[Record]:
+        """Everything on a topic, partition by partition (for tests and reports)."""
+        with self._lock:
+            t = self._topics.get(topic)
+            return [r for part in t.partitions for r in part] if t else []
+
+    def consumer(self, topics: Sequence[str], group: str) -> InProcessConsumer:
+        with self._lock:
+            g = self._groups.setdefault(group, _Group())
+        return InProcessConsumer(self, list(topics), g)
+
+    def close(self) -> None:
+        return None
+
+
+class InProcessConsumer:
+    def __init__(self, bus: InProcessBus, topics: list[str], group: _Group) -> None:
+        self._bus = bus
+        self._topics = topics
+        self._group = group
+        self._position: dict[tuple[str, int], int] = {}
+        self._closed = False
+
+    def _pos(self, tp: tuple[str, int]) -> int:
+        if tp not in self._position:
+            self._position[tp] = self._group.committed.get(tp, 0)
+        return self._position[tp]
+
+    def _take(self, max_records: int) -> list[Record]:
+        out: list[Record] = []
+        for name in self._topics:
+            t = self._bus._topics.get(name)
+            if t is None:
+                continue
+            for p, part in enumerate(t.partitions):
+                tp = (name, p)
+                pos = self._pos(tp)
+                if pos < len(part):
+                    chunk = part[pos : pos + max_records - len(out)]
+                    out.extend(chunk)
+                    self._position[tp] = pos + len(chunk)
+                if len(out) >= max_records:
+                    return out
+        return out
+
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
+        if self._closed:
+            raise BusError("consumer is closed")
+        with self._bus._cv:
+            out = self._take(max_records)
+            if not out and timeout > 0:
+                self._bus._cv.wait(timeout)
+                out = self._take(max_records)
+            return out
+
+    def commit(self) -> None:
+        with self._bus._lock:
+            self._group.committed.update(self._position)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+# --------------------------------------------------------------------------- JSONL files
+
+
+def open_text(path: Path, mode: str) -> IO[str]:
+    """Open ``.jsonl`` or ``.jsonl.gz`` for text reading/writing/appending."""
+    if path.suffix == ".gz":
+        # mtime=0 keeps compressed output byte-identical across runs of the same seed.
+        raw = open(path, mode.replace("t", "") + "b")  # noqa: SIM115
+        gz = gzip.GzipFile(fileobj=raw, mode=mode[0] + "b", mtime=0)
+        return io.TextIOWrapper(gz, encoding="utf-8", newline="\n")
+    return open(path, mode, encoding="utf-8", newline="\n")  # noqa: SIM115
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Yield (line number, raw line bytes) of non-empty lines; a truncated gzip tail ends the file
+    with a BusError naming the line reached, never silently."""
+    with open_text(path, "rt") as fh:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, 1):  # noqa: B007
+                if line.strip():
+                    yield lineno, line.rstrip("\n").encode()
+        except (EOFError, OSError, zlib.error) as exc:
+            raise BusError(f"{path}: unreadable after line {lineno}: {exc}") from exc
+
+
+def topic_path(path: Path, topic: str) -> Path:
+    """Telemetry goes to PATH itself; other topics beside it as PATH-stem.<topic>.jsonl."""
+    if topic == TELEMETRY:
+        return path
+    name = path.name
+    for ext in (".jsonl.gz", ".jsonl", ".gz"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+            break
+    return path.with_name(f"{name}.{topic}.jsonl")
+
+
+class JsonlBus:
+    """Append-only JSONL files, one per topic; consumers read them from the start (or from the
+    group's committed line, kept in memory for the life of the bus object)."""
+
+    def __init__(self, path: Path | str, *, append: bool = True) -> None:
+        self.path = Path(path)
+        self._mode = "at" if append else "wt"
+        self._files: dict[str, IO[str]] = {}
+        self._lock = threading.Lock()
+        self._groups: dict[str, dict[str, int]] = {}
+
+    def publish(self, topic: str, key: str | None, value: bytes) -> None:
+        with self._lock:
+            fh = self._files.get(topic)
+            if fh is None:
+                p = topic_path(self.path, topic)
+                p.parent.mkdir(parents=True, exist_ok=True)
+                fh = self._files[topic] = open_text(p, self._mode)
+            fh.write(value.decode() + "\n")
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._lock:
+            for fh in self._files.values():
+                fh.flush()
+
+    def consumer(self, topics: Sequence[str], group: str) -> JsonlConsumer:
+        self.flush()
+        return JsonlConsumer(self, list(topics), self._groups.setdefault(group, {}))
+
+    def close(self) -> None:
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
+
+
+class JsonlConsumer:
+    def __init__(self, bus: JsonlBus, topics: list[str], committed: dict[str, int]) -> None:
+        self._bus = bus
+        self._committed = committed
+        self._iters: dict[str, Iterator[tuple[int, bytes]]] = {}
+        self._pos: dict[str, int] = {}
+        for t in topics:
+            p = topic_path(bus.path, t)
+            if p.exists():
+                self._iters[t] = iter_jsonl(p)
+                self._pos[t] = 0
+                skip = committed.get(t, 0)
+                for _ in range(skip):
+                    if next(self._iters[t], None) is None:
+                        break
+                self._pos[t] = skip
+
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
+        out: list[Record] = []
+        for t, it in self._iters.items():
+            for _ in range(max_records - len(out)):
+                nxt = next(it, None)
+                if nxt is None:
+                    break
+                out.append(Record(t, 0, self._pos[t], None, nxt[1]))
+                self._pos[t] += 1
+        return out
+
+    def commit(self) -> None:
+        self._committed.update(self._pos)
+
+    def close(self) -> None:
+        self._iters.clear()
+
+
+def read_values(path: Path) -> Iterable[bytes]:
+    """All message values in a JSONL recording, in file order."""
+    for _, raw in iter_jsonl(path):
+        yield raw

@@ -1,0 +1,109 @@
+"""Configuration files (TOML), validated at start-up.
+
+A config file is a table of sections (``[kafka]``, ``[collector]``, ``[detector]``, ``[remediation]``
+...). Each part of the pipeline owns a msgspec struct for its section and reads it with
+:func:`section`; any fault names the file and the key (``fleethealth.toml: [collector].interval_s:
+Expected `float`, got `str```). The file is chosen by ``--config`` or ``FLEETHEALTH_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from fleethealth.bus import Bus, InProcessBus, JsonlBus
+
+T = TypeVar("T")
+KNOWN_SECTIONS = frozenset({
+    "fleet", "kafka", "collector", "exporter", "simulate", "detector", "remediation", "slurm",
+    "kubernetes", "tickets", "guards", "webhook", "dashboards", "run",
+})
+
+
+class ConfigError(ValueError):
+    """A config file or value that cannot be used; the message names file and key."""
+
+
+class Config:
+    def __init__(self, raw: dict[str, Any], path: Path | None) -> None:
+        self.raw = raw
+        self.path = path
+
+    @property
+    def name(self) -> str:
+        return str(self.path) if self.path else "<defaults>"
+
+    def section(self, name: str, typ: type[T]) -> T:
+        return section(self, name, typ)
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read and check a config file. ``None`` -> ``$FLEETHEALTH_CONFIG`` or built-in defaults."""
+    if path is None:
+        path = os.environ.get("FLEETHEALTH_CONFIG") or None
+    if path is None:
+        return Config({}, None)
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    unknown = set(raw) - KNOWN_SECTIONS
+    if unknown:
+        raise ConfigError(f"{p}: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN_SECTIONS))}")
+    for k, v in raw.items():
+        if not isinstance(v, dict):
+            raise ConfigError(f"{p}: [{k}] must be a table, not a {type(v).__name__}")
+    return Config(raw, p)
+
+
+def section(cfg: Config, name: str, typ: type[T]) -> T:
+    data = cfg.raw.get(name, {})
+    try:
+        return msgspec.convert(data, typ, strict=False)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        where = ""
+        if " - at `$" in msg:
+            msg, _, at = msg.rpartition(" - at `$")
+            where = at.rstrip("`")
+        raise ConfigError(f"{cfg.name}: [{name}]{where}: {msg}") from None
+
+
+class KafkaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    bootstrap: str = "127.0.0.1:9092"
+    client_id: str = "fleethealth"
+    compression: str | None = "gzip"
+    security: dict[str, Any] = {}
+
+
+def kafka_settings(cfg: Config | None = None) -> KafkaSettings:
+    s = section(cfg or Config({}, None), "kafka", KafkaSettings)
+    env = os.environ.get("FLEETHEALTH_KAFKA")
+    if env:
+        s.bootstrap = env
+    return s
+
+
+def open_bus(spec: str, cfg: Config | None = None) -> Bus:
+    """``memory`` | ``jsonl:PATH`` | ``kafka`` | ``kafka:HOST:PORT[,HOST:PORT]``."""
+    if spec in ("memory", "inprocess", "embedded"):
+        return InProcessBus()
+    if spec.startswith("jsonl:"):
+        path = spec[len("jsonl:") :]
+        if not path:
+            raise ConfigError("bus spec 'jsonl:' needs a path, e.g. jsonl:out/telemetry.jsonl")
+        return JsonlBus(Path(path))
+    if spec == "kafka" or spec.startswith("kafka:"):
+        from fleethealth.kafka_bus import KafkaBus
+
+        ks = kafka_settings(cfg)
+        bootstrap = spec[len("kafka:") :] if spec.startswith("kafka:") else ks.bootstrap
+        return KafkaBus(bootstrap, client_id=ks.client_id, compression=ks.compression, security=ks.security)
+    raise ConfigError(f"unknown bus {spec!r}: use memory, jsonl:PATH or kafka[:HOST:PORT]")

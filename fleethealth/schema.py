@@ -1,0 +1,369 @@
+"""The message contracts: telemetry sample, incident, action, dead letter.
+
+Versioned msgspec structs with a strict decoder. Field meanings, units and sources are documented
+in ``docs/telemetry.md``. Counters are sent raw, as read; ``None`` means "not available on this
+device or driver" (a vGPU guest, an old driver), which is different from 0.
+
+Decoding never raises a bare traceback: :func:`decode_sample`, :func:`decode_incident` and
+:func:`decode_action` raise :class:`ContractError` whose message names the offending field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+SCHEMA_VERSION: Final = 1
+MAX_MESSAGE_BYTES: Final = 1 << 20  # 1 MiB: a real 8-GPU sample is ~6 KiB
+MAX_GPUS: Final = 64
+MAX_PORTS: Final = 64
+MAX_EVENTS: Final = 4096
+
+U64 = Annotated[int, Meta(ge=0)]  # msgspec reads JSON ints up to 2**64-1
+Count = U64 | None
+Small = Annotated[int, Meta(ge=0, le=1_000_000)]
+Name = Annotated[str, Meta(max_length=256)]
+Text = Annotated[str, Meta(max_length=8192)]
+Ts = Annotated[float, Meta(ge=0.0, le=1e11)]  # unix seconds
+Gauge = Annotated[float, Meta(ge=-1e6, le=1e7)] | None
+
+
+class _Base(Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    pass
+
+
+# --------------------------------------------------------------------------- telemetry sample
+
+
+class EccCounters(_Base, kw_only=True):
+    """NVML ECC counters by location. volatile = since driver load; aggregate = lifetime (inforom)."""
+
+    dram_corrected_volatile: Count = None
+    dram_uncorrected_volatile: Count = None
+    sram_corrected_volatile: Count = None
+    sram_uncorrected_volatile: Count = None
+    dram_corrected_aggregate: Count = None
+    dram_uncorrected_aggregate: Count = None
+    sram_corrected_aggregate: Count = None
+    sram_uncorrected_aggregate: Count = None
+    sram_threshold_exceeded: bool | None = None  # NVML aggregate-extended SRAM threshold flag
+
+
+class RemappedRows(_Base, kw_only=True):
+    correctable: Count = None
+    uncorrectable: Count = None
+    pending: bool | None = None
+    failure: bool | None = None
+
+
+class RetiredPages(_Base, kw_only=True):
+    """Pre-Ampere dynamic page retirement."""
+
+    sbe: Count = None
+    dbe: Count = None
+    pending: bool | None = None
+
+
+class PcieLink(_Base, kw_only=True):
+    gen_current: Small | None = None
+    gen_max: Small | None = None
+    width_current: Small | None = None
+    width_max: Small | None = None
+    replay_counter: Count = None
+    replay_rollover: Count = None
+
+
+class NvlinkCounters(_Base, kw_only=True):
+    """Per-link NVLink error counters, one list entry per link index (struct of arrays: a GPU has
+    up to 18 links, and one object per link would triple decode time)."""
+
+    active: Annotated[list[bool | None], Meta(max_length=32)] = []
+    crc_flit: Annotated[list[Count], Meta(max_length=32)] = []
+    crc_data: Annotated[list[Count], Meta(max_length=32)] = []
+    replay: Annotated[list[Count], Meta(max_length=32)] = []
+    recovery: Annotated[list[Count], Meta(max_length=32)] = []
+
+
+class XidEvent(_Base, kw_only=True):
+    xid: Small
+    ts: Ts
+    pid: int | None = None
+    message: Text = ""
+
+
+class GpuSample(_Base, kw_only=True):
+    index: Small
+    uuid: Name = ""
+    pci_bus_id: Name = ""
+    name: Name = ""
+    present: bool = True
+    nvml_error: Name | None = None  # e.g. "GPU_IS_LOST", "TIMEOUT" (a hung call)
+    ecc: EccCounters | None = None
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    pcie: PcieLink | None = None
+    nvlink: NvlinkCounters | None = None
+    temperature_c: Gauge = None
+    power_w: Gauge = None
+    utilization_pct: Gauge = None
+    clocks_event_reasons: U64 | None = None  # NVML clocks-event (throttle) reason bitmask
+    xids: Annotated[list[XidEvent], Meta(max_length=MAX_EVENTS)] = []
+
+
+class NetPort(_Base, kw_only=True):
+    """An InfiniBand or RoCE port from /sys/class/infiniband/<dev>/ports/<n>."""
+
+    device: Name
+    port: Small
+    link_layer: Name = "InfiniBand"  # or "Ethernet" (RoCE)
+    state: Name = ""  # e.g. "ACTIVE", "DOWN" (the text after "4: ")
+    phys_state: Name = ""  # e.g. "LinkUp", "Polling", "Disabled"
+    rate_gbps: Gauge = None
+    counters: dict[Name, U64] = {}  # counters/ and hw_counters/ files, raw
+
+
+class AerDevice(_Base, kw_only=True):
+    """PCIe AER counters from /sys/bus/pci/devices/<addr>/aer_dev_{correctable,fatal,nonfatal}."""
+
+    pci_addr: Name
+    correctable: dict[Name, U64] = {}
+    fatal: dict[Name, U64] = {}
+    nonfatal: dict[Name, U64] = {}
+    link_gen_current: Small | None = None
+    link_gen_max: Small | None = None
+    link_width_current: Small | None = None
+    link_width_max: Small | None = None
+
+
+class EdacDimm(_Base, kw_only=True):
+    label: Name
+    ce: Count = None
+    ue: Count = None
+
+
+class EdacMc(_Base, kw_only=True):
+    """One EDAC memory controller from /sys/devices/system/edac/mc/mcN."""
+
+    mc: Small
+    ce_count: Count = None
+    ue_count: Count = None
+    ce_noinfo_count: Count = None
+    ue_noinfo_count: Count = None
+    dimms: Annotated[list[EdacDimm], Meta(max_length=256)] = []
+
+
+KernelEventKind = Literal["xid", "fell_off_bus", "aer", "mce", "edac", "other"]
+
+
+class KernelEvent(_Base, kw_only=True):
+    ts: Ts
+    kind: KernelEventKind
+    line: Text
+    pci_addr: Name | None = None
+    xid: Small | None = None
+    severity: Name | None = None  # e.g. "corrected", "uncorrected", "fatal", "non-fatal"
+
+
+class SourceError(_Base, kw_only=True):
+    source: Name
+    error: Text
+
+
+class Sample(_Base, kw_only=True):
+    """One poll of one host: the message on ``fleet.telemetry.v1`` (key = host)."""
+
+    v: Literal[1] = 1
+    host: Annotated[str, Meta(min_length=1, max_length=253)]
+    cluster: Name = "default"
+    rack: Name = ""
+    ts: Ts
+    seq: U64
+    collector_version: Name
+    boot_id: Name = ""  # changes on reboot: counters restart
+    driver_version: Name = ""
+    expected_gpus: Annotated[int, Meta(ge=0, le=MAX_GPUS)] = 0
+    gpus: Annotated[list[GpuSample], Meta(max_length=MAX_GPUS)] = []
+    net_ports: Annotated[list[NetPort], Meta(max_length=MAX_PORTS)] = []
+    aer: Annotated[list[AerDevice], Meta(max_length=256)] = []
+    edac: Annotated[list[EdacMc], Meta(max_length=64)] = []
+    kernel_events: Annotated[list[KernelEvent], Meta(max_length=MAX_EVENTS)] = []
+    source_errors: Annotated[list[SourceError], Meta(max_length=64)] = []
+
+
+# --------------------------------------------------------------------------- incident / action
+
+IncidentState = Literal["open", "updated", "resolved"]
+SeverityName = Literal["critical", "major", "minor", "info"]
+
+
+class Evidence(_Base, kw_only=True):
+    fact: Text
+    ts: Ts | None = None
+    line: Text = ""  # the raw log line or tool output that justifies the fact, when there is one
+
+
+class Incident(_Base, kw_only=True):
+    """An episode of one failure mode on one component (``fleet.incidents.v1``, key = host)."""
+
+    v: Literal[1] = 1
+    id: Name  # stable: same (host, component, failure_mode, episode) -> same id
+    host: Annotated[str, Meta(min_length=1, max_length=253)]
+    cluster: Name = "default"
+    rack: Name = ""
+    component: Name  # GPU UUID, port "mlx5_0/1", DIMM label, PCI address, or "host"
+    failure_mode: Name  # validated against the vocabulary by decode_incident
+    severity: SeverityName
+    confidence: Annotated[float, Meta(ge=0.0, le=1.0)]
+    detector: Name  # rule id, or "model:<name>@<version>"
+    first_seen: Ts
+    last_seen: Ts
+    state: IncidentState
+    evidence: Annotated[list[Evidence], Meta(max_length=256)] = []
+    recommended_action: list[Name] = []
+    xid: Small | None = None
+    nvidia_bucket: Name | None = None
+    update_seq: U64 = 0  # bumps on every update of the episode
+
+
+ActionKind = Literal[
+    "drain", "resume", "reset_gpu", "reboot_request", "ticket_opened", "ticket_updated",
+    "suppressed", "queued", "dry_run", "alert", "annotate", "noop",
+]
+ActionOutcome = Literal["done", "refused", "queued", "dry_run", "failed", "skipped"]
+
+
+class ActionRecord(_Base, kw_only=True):
+    """What remediation did or refused to do, and why (``fleet.actions.v1`` + audit table)."""
+
+    v: Literal[1] = 1
+    id: Name  # idempotency key: (incident id, kind, target)
+    incident_id: Name
+    host: Name
+    component: Name = ""
+    failure_mode: Name = ""
+    kind: ActionKind
+    outcome: ActionOutcome
+    reason: Text = ""
+    ts: Ts
+    actor: Name = "fleethealth"
+    details: dict[Name, Text] = {}
+
+
+class DeadLetter(_Base, kw_only=True):
+    """A message a consumer could not decode, with the reason (``fleet.deadletter.v1``)."""
+
+    v: Literal[1] = 1
+    source_topic: Name
+    partition: int | None = None
+    offset: int | None = None
+    key: Text | None = None
+    reason: Text
+    consumer: Name = ""
+    ts: Ts
+    payload_excerpt: Text = ""  # first bytes of the payload, as repr text
+    payload_size: int = 0
+
+
+# --------------------------------------------------------------------------- codec
+
+
+class ContractError(ValueError):
+    """A message that breaks the contract. ``field`` is a JSON path like ``$.gpus[0].ecc``."""
+
+    def __init__(self, kind: str, reason: str, field: str = "$") -> None:
+        super().__init__(f"{kind}: {reason}" + (f" (at {field})" if field else ""))
+        self.kind = kind
+        self.reason = reason
+        self.field = field
+
+
+_AT = re.compile(r" - at `([^`]*)`$")
+
+
+class _Envelope(Struct):
+    v: Any = None
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+_encoder = msgspec.json.Encoder()
+T = TypeVar("T", bound=_Base)
+
+
+class _Codec:
+    """A strict decoder for one message type."""
+
+    def __init__(self, kind: str, typ: type[T]) -> None:
+        self.kind = kind
+        self.typ = typ
+        self._dec = msgspec.json.Decoder(typ)
+
+    def decode(self, data: bytes | bytearray | memoryview | str) -> Any:
+        if isinstance(data, str):
+            data = data.encode()
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ContractError(self.kind, f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+        try:
+            return self._dec.decode(data)
+        except msgspec.ValidationError as exc:
+            self._raise_version(data)
+            msg = str(exc)
+            m = _AT.search(msg)
+            raise ContractError(self.kind, msg[: m.start()] if m else msg, m.group(1) if m else "$") from None
+        except msgspec.DecodeError as exc:
+            raise ContractError(self.kind, f"not valid JSON: {exc}") from None
+
+    def _raise_version(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            v = _envelope.decode(data).v
+        except msgspec.MsgspecError:
+            return
+        if v is not None and v != SCHEMA_VERSION:
+            raise ContractError(
+                self.kind, f"unsupported schema version {v!r}; this build reads version {SCHEMA_VERSION}", "$.v"
+            )
+
+
+SAMPLE = _Codec("telemetry sample", Sample)
+INCIDENT = _Codec("incident", Incident)
+ACTION = _Codec("action", ActionRecord)
+DEADLETTER = _Codec("dead letter", DeadLetter)
+
+
+def encode(msg: _Base) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_sample(data: bytes | str) -> Sample:
+    return SAMPLE.decode(data)  # type: ignore[no-any-return]
+
+
+def decode_incident(data: bytes | str) -> Incident:
+    from fleethealth.taxonomy import ALL_LABELS
+
+    inc: Incident = INCIDENT.decode(data)
+    if inc.failure_mode not in ALL_LABELS:
+        raise ContractError("incident", f"unknown failure mode {inc.failure_mode!r}", "$.failure_mode")
+    if inc.last_seen < inc.first_seen:
+        raise ContractError("incident", "last_seen is before first_seen", "$.last_seen")
+    return inc
+
+
+def decode_action(data: bytes | str) -> ActionRecord:
+    return ACTION.decode(data)  # type: ignore[no-any-return]
+
+
+def to_builtins(msg: _Base) -> Any:
+    return msgspec.to_builtins(msg)
+
+
+def convert(obj: Any, typ: type[T], kind: str = "message") -> T:
+    """Build a struct from Python builtins (e.g. YAML), with the same field-naming errors."""
+    try:
+        return msgspec.convert(obj, typ)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = _AT.search(msg)
+        raise ContractError(kind, msg[: m.start()] if m else msg, m.group(1) if m else "$") from None
