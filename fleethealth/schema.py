@@ -165,6 +165,8 @@ class KernelEvent(_Base, kw_only=True):
     pci_addr: Name | None = None
     xid: Small | None = None
     severity: Name | None = None  # e.g. "corrected", "uncorrected", "fatal", "non-fatal"
+    pid: int | None = None  # NVRM Xid lines: the process the driver named, when known
+    message: Text = ""  # the message after the Xid / device prefix (``line`` keeps the raw text)
 
 
 class SourceError(_Base, kw_only=True):
