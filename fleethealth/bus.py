@@ -117,6 +117,16 @@ class InProcessBus:
             t = self._topics.get(topic)
             return [r for part in t.partitions for r in part] if t else []
 
+    def lag(self, group: str, topic: str) -> int:
+        """Messages on ``topic`` not yet committed by ``group`` (consumer lag, as Kafka reports it)."""
+        with self._lock:
+            t = self._topics.get(topic)
+            if t is None:
+                return 0
+            g = self._groups.get(group)
+            committed = g.committed if g else {}
+            return sum(len(part) - committed.get((topic, p), 0) for p, part in enumerate(t.partitions))
+
     def consumer(self, topics: Sequence[str], group: str) -> InProcessConsumer:
         with self._lock:
             g = self._groups.setdefault(group, _Group())
