@@ -1,0 +1,103 @@
+"""Build every dashboard to deterministic Grafana JSON; list every PromQL query they run.
+
+Only this module touches files: dashboard modules return grafanalib values. Output is
+``json.dumps(..., sort_keys=True, indent=2)`` plus a newline, written to a temp file and
+``os.replace``d, so a reader (Grafana's file provider) never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from grafanalib._gen import DashboardEncoder
+
+from dashboards import fleet_overview, host_drilldown, pipeline_health
+
+# file name -> module with build() -> grafanalib Dashboard
+DASHBOARDS = {
+    "fleet-overview.json": fleet_overview,
+    "host-drilldown.json": host_drilldown,
+    "pipeline-health.json": pipeline_health,
+}
+DEFAULT_OUT = Path(__file__).resolve().parent / "json"
+
+
+def render(name: str) -> str:
+    doc = DASHBOARDS[name].build().to_json_data()
+    return json.dumps(doc, sort_keys=True, indent=2, cls=DashboardEncoder) + "\n"
+
+
+def build_all() -> dict[str, str]:
+    return {name: render(name) for name in sorted(DASHBOARDS)}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_all(out: Path = DEFAULT_OUT) -> list[Path]:
+    """Write every dashboard; return the files whose content changed."""
+    out.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for name, text in build_all().items():
+        path = out / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            _atomic_write(path, text)
+            changed.append(path)
+    return changed
+
+
+def stale(out: Path = DEFAULT_OUT) -> list[str]:
+    """Names of committed dashboards that differ from what the code builds (or are missing)."""
+    bad = []
+    for name, text in build_all().items():
+        path = out / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            bad.append(name)
+    return bad
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def _panels(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for p in doc.get("panels", []):
+        yield p
+        yield from p.get("panels", [])  # collapsed rows carry their panels inside
+
+
+def queries(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every PromQL expression of a built dashboard as (where, expr): panel targets, annotation
+    queries and template-variable queries (``label_values(m, l)`` is returned as ``m``)."""
+    out: list[tuple[str, str]] = []
+    for p in _panels(doc):
+        for t in p.get("targets", []):
+            if t.get("expr"):
+                out.append((f"panel {p.get('title')!r} {t.get('refId')}", t["expr"]))
+    for a in doc.get("annotations", {}).get("list", []):
+        if a.get("expr"):
+            out.append((f"annotation {a.get('name')!r}", a["expr"]))
+    for v in doc.get("templating", {}).get("list", []):
+        q = v.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        if isinstance(q, str) and q.startswith("label_values("):
+            inner = q[len("label_values("):-1].rsplit(",", 1)[0].strip()
+            out.append((f"variable {v.get('name')!r}", inner))
+    return out
+
+
+def all_queries() -> dict[str, list[tuple[str, str]]]:
+    return {name: queries(json.loads(text)) for name, text in build_all().items()}

@@ -1,0 +1,262 @@
+"""Fleet-level metrics derived from what flows on the bus, for dashboards.
+
+:class:`FleetState` is pure: it takes samples, incidents and actions (contract values) and answers
+"which hosts are healthy, suspect, drained, in repair; what is open; how old are the tickets".
+:class:`FleetStateCollector` is a prometheus-client collector that reads it at scrape time, so
+the exported numbers are never older than the last message. :class:`CountingBus` wraps any bus to
+count messages per topic (throughput, dead letters) without touching the parts that publish.
+
+Time: ages (open tickets) are measured on the stream clock — the newest sample timestamp seen —
+so a replay of last month's recording shows the ages it had then, not "a month old".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from fleethealth import metrics_names as m
+from fleethealth.bus import DEADLETTER, TELEMETRY, Bus, Consumer
+from fleethealth.schema import ActionRecord, Incident, Sample
+
+DRAIN_OUTCOMES = {"done": "live", "dry_run": "dry_run"}
+
+
+@dataclass
+class _Host:
+    rack: str = ""
+    last_ts: float = 0.0
+    received_at: float = 0.0
+
+
+@dataclass
+class FleetState:
+    """Everything the fleet dashboards need, folded from the three topics. Thread-safe."""
+
+    stale_after_s: float = m.STALE_AFTER_S
+    hosts: dict[str, _Host] = field(default_factory=dict)
+    open_incidents: dict[str, Incident] = field(default_factory=dict)
+    incident_messages: Counter[tuple[str, str]] = field(default_factory=Counter)
+    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    drained: dict[str, str] = field(default_factory=dict)  # host -> live | dry_run
+    queued: set[str] = field(default_factory=set)
+    refusals: Counter[str] = field(default_factory=Counter)
+    tickets: dict[str, tuple[str, float]] = field(default_factory=dict)  # incident id -> (host, opened)
+    stream_ts: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # ---------------------------------------------------------------- folding
+    def observe_sample(self, s: Sample, received_at: float) -> None:
+        with self._lock:
+            h = self.hosts.setdefault(s.host, _Host())
+            h.rack = s.rack or h.rack
+            h.last_ts = max(h.last_ts, s.ts)
+            h.received_at = received_at
+            self.stream_ts = max(self.stream_ts, s.ts)
+
+    def observe_incident(self, inc: Incident) -> None:
+        with self._lock:
+            self.incident_messages[(inc.failure_mode, inc.state)] += 1
+            self.hosts.setdefault(inc.host, _Host(rack=inc.rack))
+            if inc.state == "resolved":
+                self.open_incidents.pop(inc.id, None)
+            else:
+                self.open_incidents[inc.id] = inc
+
+    def observe_action(self, a: ActionRecord) -> None:
+        with self._lock:
+            self.actions[(a.kind, a.outcome)] += 1
+            if a.outcome == "refused" or a.kind == "suppressed":
+                self.refusals[_reason_key(a)] += 1
+            if a.kind == "drain" and a.outcome in DRAIN_OUTCOMES:
+                self.drained[a.host] = DRAIN_OUTCOMES[a.outcome]
+                self.queued.discard(a.host)
+            elif a.kind == "drain" and a.outcome == "queued" or a.kind == "queued":
+                self.queued.add(a.host)
+            elif a.kind == "resume" and a.outcome in DRAIN_OUTCOMES:
+                self.drained.pop(a.host, None)
+            elif a.kind == "ticket_opened" and a.outcome in ("done", "dry_run"):
+                self.tickets.setdefault(a.incident_id, (a.host, a.ts))
+
+    def close_ticket(self, incident_id: str) -> None:
+        with self._lock:
+            self.tickets.pop(incident_id, None)
+
+    # ---------------------------------------------------------------- reading
+    def host_states(self) -> dict[str, str]:
+        with self._lock:
+            open_hosts = {i.host for i in self.open_incidents.values()}
+            ticket_hosts = {h for h, _ in self.tickets.values()}
+            out = {}
+            for host in self.hosts:
+                if host in self.drained:
+                    out[host] = "in_repair" if host in ticket_hosts else "drained"
+                elif host in open_hosts or host in ticket_hosts:
+                    out[host] = "suspect"
+                else:
+                    out[host] = "healthy"
+            return out
+
+    def ticket_ages(self) -> Counter[str]:
+        with self._lock:
+            ages: Counter[str] = Counter({name: 0 for name, _ in m.TICKET_AGES})
+            for _, opened in self.tickets.values():
+                age = max(0.0, self.stream_ts - opened)
+                ages[next(name for name, limit in m.TICKET_AGES if age < limit)] += 1
+            return ages
+
+    def sample_ages(self, now: float) -> dict[str, tuple[str, float, float]]:
+        """host -> (rack, last sample ts, seconds since its last sample arrived)."""
+        with self._lock:
+            return {h: (v.rack, v.last_ts, max(0.0, now - v.received_at))
+                    for h, v in self.hosts.items() if v.received_at}
+
+
+def _reason_key(a: ActionRecord) -> str:
+    """A low-cardinality label for a refusal: the guard's name when remediation gives one."""
+    guard = a.details.get("guard") or a.details.get("reason_code")
+    if guard:
+        return guard[:40]
+    word = (a.reason or a.kind).split(":")[0].split("(")[0].strip().lower().replace(" ", "_")
+    return word[:40] or "unspecified"
+
+
+# --------------------------------------------------------------------------- bus accounting
+
+
+class CountingBus:
+    """A :class:`fleethealth.bus.Bus` that counts every published message per topic."""
+
+    def __init__(self, inner: Bus) -> None:
+        self.inner = inner
+        self.published: Counter[str] = Counter({TELEMETRY: 0, DEADLETTER: 0})
+        self._lock = threading.Lock()
+
+    def publish(self, topic: str, key: str | None, value: bytes) -> None:
+        self.inner.publish(topic, key, value)
+        with self._lock:
+            self.published[topic] += 1
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.inner.flush(timeout)
+
+    def consumer(self, topics: Sequence[str], group: str) -> Consumer:
+        return self.inner.consumer(topics, group)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.published)
+
+
+# --------------------------------------------------------------------------- prometheus
+
+LagFn = Callable[[], Iterable[tuple[str, str, int]]]  # -> (group, topic, lag)
+
+
+class FleetStateCollector:
+    """Reads a FleetState (and optional bus counters / lag / spool) at scrape time."""
+
+    def __init__(self, state: FleetState, bus: CountingBus | None = None, lag: LagFn | None = None,
+                 spool_depth: Callable[[], int] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state, self.bus, self.lag, self.spool_depth, self.clock = state, bus, lag, spool_depth, clock
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: names are only known at collect time
+
+    def collect(self) -> Iterable[Metric]:
+        st = self.state
+        states = st.host_states()
+        g = GaugeMetricFamily(m.HOSTS, "Hosts by health state (drained includes dry-run drains).",
+                              labels=["state"])
+        counts = Counter(states.values())
+        for s in m.HOST_STATES:
+            g.add_metric([s], counts.get(s, 0))
+        yield g
+
+        with st._lock:
+            open_incidents = list(st.open_incidents.values())
+            messages = dict(st.incident_messages)
+            actions = dict(st.actions)
+            drained = dict(st.drained)
+            queued = len(st.queued)
+            refusals = dict(st.refusals)
+        g = GaugeMetricFamily(m.INCIDENTS_OPEN, "Open incident episodes.",
+                              labels=["host", "rack", "failure_mode", "severity"])
+        per: Counter[tuple[str, str, str, str]] = Counter(
+            (i.host, i.rack, i.failure_mode, i.severity) for i in open_incidents)
+        for key, n in sorted(per.items()):
+            g.add_metric(list(key), n)
+        yield g
+
+        c = CounterMetricFamily(m.INCIDENT_MESSAGES, "Incident messages by failure mode and state.",
+                                labels=["failure_mode", "state"])
+        for (mode, state), n in sorted(messages.items()):
+            c.add_metric([mode, state], n)
+        yield c
+
+        c = CounterMetricFamily(m.ACTIONS, "Remediation actions by kind and outcome.", labels=["kind", "outcome"])
+        for (kind, outcome), n in sorted(actions.items()):
+            c.add_metric([kind, outcome], n)
+        yield c
+
+        g = GaugeMetricFamily(m.NODES_DRAINED, "Nodes drained (mode=dry_run: would have been).", labels=["mode"])
+        dc = Counter(drained.values())
+        for mode in ("live", "dry_run"):
+            g.add_metric([mode], dc.get(mode, 0))
+        yield g
+        yield GaugeMetricFamily(m.NODES_QUEUED, "Drains waiting on a guard.", value=queued)
+
+        c = CounterMetricFamily(m.GUARD_REFUSALS, "Actions a safety guard refused or suppressed.",
+                                labels=["reason"])
+        for reason, n in sorted(refusals.items()):
+            c.add_metric([reason], n)
+        if not refusals:
+            c.add_metric(["none"], 0)  # keep the series present: "no refusals" is a value, not a gap
+        yield c
+
+        g = GaugeMetricFamily(m.TICKETS_OPEN, "Open repair tickets by age (stream clock).", labels=["age"])
+        for age, n in st.ticket_ages().items():
+            g.add_metric([age], n)
+        yield g
+
+        now = self.clock()
+        ages = st.sample_ages(now)
+        ts_g = GaugeMetricFamily(m.LAST_SAMPLE_TS, "Timestamp of the newest sample per host.",
+                                 labels=["host", "rack"])
+        age_g = GaugeMetricFamily(m.LAST_SAMPLE_AGE, "Seconds since the newest sample of a host arrived.",
+                                  labels=["host", "rack"])
+        for host, (rack, ts, age) in sorted(ages.items()):
+            ts_g.add_metric([host, rack], ts)
+            age_g.add_metric([host, rack], round(age, 3))
+        yield ts_g
+        yield age_g
+        yield GaugeMetricFamily(m.STALE_HOSTS, f"Hosts silent for more than {st.stale_after_s:g} s.",
+                                value=sum(1 for _, _, a in ages.values() if a > st.stale_after_s))
+
+        if self.bus is not None:
+            published = self.bus.counts()
+            c = CounterMetricFamily(m.MESSAGES, "Messages published on the bus by topic.", labels=["topic"])
+            for topic, n in sorted(published.items()):
+                c.add_metric([topic], n)
+            yield c
+            yield CounterMetricFamily(m.SAMPLES, "Telemetry samples that entered the pipeline.",
+                                      value=published.get(TELEMETRY, 0))
+            yield CounterMetricFamily(m.DEAD_LETTERS, "Messages dead-lettered by any consumer.",
+                                      value=published.get(DEADLETTER, 0))
+        if self.lag is not None:
+            g = GaugeMetricFamily(m.CONSUMER_LAG, "Messages published but not yet committed by a group.",
+                                  labels=["group", "topic"])
+            for group, topic, lag in self.lag():
+                g.add_metric([group, topic], lag)
+            yield g
+        yield GaugeMetricFamily(m.SPOOL_DEPTH, "Messages waiting in collector spools (0 on the in-process bus).",
+                                value=self.spool_depth() if self.spool_depth else 0)
