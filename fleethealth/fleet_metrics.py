@@ -6,8 +6,8 @@
 the exported numbers are never older than the last message. :class:`CountingBus` wraps any bus to
 count messages per topic (throughput, dead letters) without touching the parts that publish.
 
-Time: ages (open tickets) are measured on the stream clock — the newest sample timestamp seen —
-so a replay of last month's recording shows the ages it had then, not "a month old".
+Actions, drained / queued nodes, tickets by age and guard refusals are the remediation worker's own
+metrics (``remediation/metrics.py``); FleetState folds actions only to tell host states apart.
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ class FleetState:
     hosts: dict[str, _Host] = field(default_factory=dict)
     open_incidents: dict[str, Incident] = field(default_factory=dict)
     incident_messages: Counter[tuple[str, str]] = field(default_factory=Counter)
-    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
     drained: dict[str, str] = field(default_factory=dict)  # host -> live | dry_run
     queued: set[str] = field(default_factory=set)
-    refusals: Counter[str] = field(default_factory=Counter)
     tickets: dict[str, tuple[str, float]] = field(default_factory=dict)  # incident id -> (host, opened)
     stream_ts: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -70,9 +68,6 @@ class FleetState:
 
     def observe_action(self, a: ActionRecord) -> None:
         with self._lock:
-            self.actions[(a.kind, a.outcome)] += 1
-            if a.outcome == "refused" or a.kind == "suppressed":
-                self.refusals[_reason_key(a)] += 1
             if a.kind == "drain" and a.outcome in DRAIN_OUTCOMES:
                 self.drained[a.host] = DRAIN_OUTCOMES[a.outcome]
                 self.queued.discard(a.host)
@@ -102,28 +97,11 @@ class FleetState:
                     out[host] = "healthy"
             return out
 
-    def ticket_ages(self) -> Counter[str]:
-        with self._lock:
-            ages: Counter[str] = Counter({name: 0 for name, _ in m.TICKET_AGES})
-            for _, opened in self.tickets.values():
-                age = max(0.0, self.stream_ts - opened)
-                ages[next(name for name, limit in m.TICKET_AGES if age < limit)] += 1
-            return ages
-
     def sample_ages(self, now: float) -> dict[str, tuple[str, float, float]]:
         """host -> (rack, last sample ts, seconds since its last sample arrived)."""
         with self._lock:
             return {h: (v.rack, v.last_ts, max(0.0, now - v.received_at))
                     for h, v in self.hosts.items() if v.received_at}
-
-
-def _reason_key(a: ActionRecord) -> str:
-    """A low-cardinality label for a refusal: the guard's name when remediation gives one."""
-    guard = a.details.get("guard") or a.details.get("reason_code")
-    if guard:
-        return guard[:40]
-    word = (a.reason or a.kind).split(":")[0].split("(")[0].strip().lower().replace(" ", "_")
-    return word[:40] or "unspecified"
 
 
 # --------------------------------------------------------------------------- bus accounting
@@ -185,10 +163,6 @@ class FleetStateCollector:
         with st._lock:
             open_incidents = list(st.open_incidents.values())
             messages = dict(st.incident_messages)
-            actions = dict(st.actions)
-            drained = dict(st.drained)
-            queued = len(st.queued)
-            refusals = dict(st.refusals)
         g = GaugeMetricFamily(m.INCIDENTS_OPEN, "Open incident episodes.",
                               labels=["host", "rack", "failure_mode", "severity"])
         per: Counter[tuple[str, str, str, str]] = Counter(
@@ -202,31 +176,6 @@ class FleetStateCollector:
         for (mode, state), n in sorted(messages.items()):
             c.add_metric([mode, state], n)
         yield c
-
-        c = CounterMetricFamily(m.ACTIONS, "Remediation actions by kind and outcome.", labels=["kind", "outcome"])
-        for (kind, outcome), n in sorted(actions.items()):
-            c.add_metric([kind, outcome], n)
-        yield c
-
-        g = GaugeMetricFamily(m.NODES_DRAINED, "Nodes drained (mode=dry_run: would have been).", labels=["mode"])
-        dc = Counter(drained.values())
-        for mode in ("live", "dry_run"):
-            g.add_metric([mode], dc.get(mode, 0))
-        yield g
-        yield GaugeMetricFamily(m.NODES_QUEUED, "Drains waiting on a guard.", value=queued)
-
-        c = CounterMetricFamily(m.GUARD_REFUSALS, "Actions a safety guard refused or suppressed.",
-                                labels=["reason"])
-        for reason, n in sorted(refusals.items()):
-            c.add_metric([reason], n)
-        if not refusals:
-            c.add_metric(["none"], 0)  # keep the series present: "no refusals" is a value, not a gap
-        yield c
-
-        g = GaugeMetricFamily(m.TICKETS_OPEN, "Open repair tickets by age (stream clock).", labels=["age"])
-        for age, n in st.ticket_ages().items():
-            g.add_metric([age], n)
-        yield g
 
         now = self.clock()
         ages = st.sample_ages(now)

@@ -1,7 +1,8 @@
 """Names of the fleet services' own Prometheus metrics, in one place.
 
 Dashboards query these names; ``fleethealth.fleet_metrics`` exports the ones the pipeline layer
-derives from the bus (host states, open incidents, tickets by age, lag, last sample age). The
+derives from the bus (host states, open incidents, lag, last sample age); the remediation worker
+exports its own (actions, drained / queued nodes, tickets by age, guard refusals). The
 collector's per-host metrics are named in ``collectors/metrics.tsv`` (the exporter's catalogue).
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 HOSTS = "fleethealth_fleet_hosts"  # gauge {state=healthy|suspect|drained|in_repair}
 INCIDENTS_OPEN = "fleethealth_fleet_incidents_open"  # gauge {host, rack, failure_mode, severity}
 INCIDENT_MESSAGES = "fleethealth_fleet_incident_messages_total"  # counter {failure_mode, state}
-ACTIONS = "fleethealth_fleet_actions_total"  # counter {kind, outcome}
-NODES_DRAINED = "fleethealth_fleet_nodes_drained"  # gauge {mode=live|dry_run}
-NODES_QUEUED = "fleethealth_fleet_nodes_queued"  # gauge: drains waiting on a guard
-GUARD_REFUSALS = "fleethealth_fleet_guard_refusals_total"  # counter {reason}
-TICKETS_OPEN = "fleethealth_fleet_tickets_open"  # gauge {age=lt_1h|1h_1d|1d_7d|ge_7d}
+
+# ---- remediation worker (remediation/metrics.py: RemediationMetrics; port 9402, or 9403 under `run`)
+ACTIONS = "fleethealth_remediation_actions_total"  # counter {kind, outcome}
+NODES_DRAINED = "fleethealth_remediation_drained_nodes"  # gauge
+NODES_QUEUED = "fleethealth_remediation_queued_actions"  # gauge
+GUARD_REFUSALS = "fleethealth_guard_refusals_total"  # counter {guard}
+TICKETS_OPEN = "fleethealth_tickets_open"  # gauge {age_bucket}
 
 # ---- pipeline health
 CONSUMER_LAG = "fleethealth_pipeline_consumer_lag_messages"  # gauge {group, topic}
@@ -28,5 +31,4 @@ STALE_HOSTS = "fleethealth_pipeline_stale_hosts"  # gauge: hosts silent longer t
 SPOOL_DEPTH = "fleethealth_pipeline_spool_messages"  # gauge: messages waiting in collector spools
 
 HOST_STATES = ("healthy", "suspect", "drained", "in_repair")
-TICKET_AGES = (("lt_1h", 3600.0), ("1h_1d", 86400.0), ("1d_7d", 7 * 86400.0), ("ge_7d", float("inf")))
 STALE_AFTER_S = 30.0
