@@ -1,10 +1,183 @@
-"""Subcommands of the remediation part (registered into the fleethealth command)."""
+"""``fleethealth remediate`` and ``fleethealth tickets list|show|close``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
+import threading
+import time
 from typing import Any
 
+from fleethealth.bus import INCIDENTS
+from fleethealth.cliutil import flag
+from fleethealth.config import load_config, open_bus
+from fleethealth.errors import UserError
 
-def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
-    _ = argparse  # subcommands are added here by the remediation part
+REMEDIATE_HELP = """\
+Consume fleet.incidents.v1 and act on each incident by the policy file: drain the node in Slurm or
+Kubernetes (never a node an operator drained by hand), hand GPU reset and reboot requests to the
+operator hook, open or update repair tickets. Every decision (done, refused, queued, dry-run) goes
+to fleet.actions.v1 and to the append-only audit table. Safety guards: at most 10% of a cluster and
+2 nodes per rack drained at once (the rest queued, with an alert), 1 drain per host per hour, a kill
+switch, and no action on an incident last seen more than 15 minutes ago ([guards] in the config).
+"""
+
+
+def _scheduler(kind: str, settings: Any) -> Any:
+    from remediation.scheduler import NoScheduler
+
+    if kind == "slurm":
+        from remediation.slurm import SlurmScheduler
+
+        return SlurmScheduler(settings.slurm)
+    if kind == "kubernetes":
+        from remediation.kube import KubernetesScheduler
+
+        return KubernetesScheduler(settings.kubernetes)
+    return NoScheduler()
+
+
+def _apply_tickets_spec(spec: str | None, settings: Any) -> None:
+    if not spec:
+        return
+    if spec.startswith("sqlite:"):
+        settings.remediation.db = spec[len("sqlite:"):] or settings.remediation.db
+    elif spec.startswith(("webhook:", "http://", "https://")):
+        settings.tickets.webhook = spec[len("webhook:"):] if spec.startswith("webhook:") else spec
+    else:
+        raise UserError(f"--tickets {spec!r}: use sqlite:PATH or webhook:URL")
+
+
+def cmd_remediate(args: argparse.Namespace) -> int:
+    from remediation.metrics import RemediationMetrics
+    from remediation.policy import load_policy
+    from remediation.settings import load_settings
+    from remediation.store import RemediationStore
+    from remediation.tickets import WebhookSink
+    from remediation.worker import RemediationWorker
+
+    cfg = load_config(args.config)
+    s = load_settings(cfg)
+    if args.policy:
+        s.remediation.policy = args.policy
+    if args.state_db:
+        s.remediation.db = args.state_db
+    _apply_tickets_spec(args.tickets, s)
+    if args.dry_run:
+        s.remediation.dry_run = True
+    if args.kill_switch_file:
+        s.guards.kill_switch_file = args.kill_switch_file
+    if args.max_incident_age:
+        s.guards.max_incident_age_s = args.max_incident_age
+    policy = load_policy(s.remediation.policy)  # validated before anything else starts
+    scheduler = _scheduler(args.scheduler or s.remediation.scheduler, s)
+    store = RemediationStore.open(s.remediation.db)
+    sink = None
+    if s.tickets.webhook:
+        t = s.tickets
+        sink = WebhookSink(store.conn, t.webhook, timeout_s=t.webhook_timeout_s, attempts=t.webhook_attempts,
+                           backoff_s=t.webhook_backoff_s)
+    metrics = RemediationMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    bus = open_bus(args.bus, cfg)
+    worker = RemediationWorker(s, bus=bus, store=store, scheduler=scheduler, policy=policy, ticket_sink=sink,
+                               metrics=metrics)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    consumer = bus.consumer([args.topic], args.group or s.remediation.group)
+    try:
+        stats = worker.run(consumer, stop=stop, exit_when_idle_s=args.exit_when_idle, poll_timeout=0.5)
+    finally:
+        consumer.close()
+        bus.flush()
+        bus.close()
+        worker.close()
+    print(json.dumps({"incidents": stats.incidents, "actions": stats.actions, "dead_letters": stats.dead_letters}),
+          file=sys.stderr)
+    return 0
+
+
+def _open_tickets(args: argparse.Namespace) -> Any:
+    from remediation.settings import load_settings
+    from remediation.store import RemediationStore
+    from remediation.tickets import TicketStore
+
+    s = load_settings(load_config(args.config))
+    _apply_tickets_spec(getattr(args, "tickets", None), s)
+    store = RemediationStore.open(args.state_db or s.remediation.db)
+    return store, TicketStore(store.conn)
+
+
+def cmd_tickets(args: argparse.Namespace) -> int:
+    store, tickets = _open_tickets(args)
+    try:
+        if args.tickets_cmd == "list":
+            rows = tickets.list(state=args.state, host=args.host)
+            if args.json:
+                for t in rows:
+                    print(json.dumps(t.as_dict(), sort_keys=True))
+            else:
+                print(f"{'ID':>5}  {'STATE':<10} {'PRIO':<7} {'HOST':<20} {'COMPONENT':<28} {'MODE':<22} N")
+                for t in rows:
+                    print(f"{t.id:>5}  {t.state:<10} {t.priority:<7} {t.host:<20} {t.component[:28]:<28} "
+                          f"{t.failure_mode:<22} {t.occurrences}")
+            return 0
+        if args.tickets_cmd == "show":
+            t = tickets.get(args.id)
+            print(json.dumps({**t.as_dict(), "history": tickets.history(t.id)}, indent=2, sort_keys=True))
+            return 0
+        if args.tickets_cmd in ("close", "start-repair"):
+            state = "in_repair" if args.tickets_cmd == "start-repair" else ("repaired" if args.repaired else "closed")
+            with store.tx():
+                t = tickets.set_state(args.id, state, time.time(), note=args.note or "")
+            print(f"ticket {t.id}: {t.state}")
+            return 0
+        raise UserError("tickets: use list, show ID, start-repair ID or close ID [--repaired]")
+    finally:
+        store.close()
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("remediate", help="act on incidents: drain, reset/reboot requests, repair tickets",
+                       description=REMEDIATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    flag(p, "--bus", default="memory", help="memory | jsonl:PATH | kafka[:HOST:PORT]")
+    flag(p, "--topic", default=INCIDENTS, env="FLEETHEALTH_REMEDIATE_TOPIC", help="incident topic to consume")
+    flag(p, "--group", default=None, env="FLEETHEALTH_REMEDIATE_GROUP",
+         help="consumer group (default from [remediation].group: fleethealth-remediation)")
+    flag(p, "--policy", metavar="FILE", default=None, help="policy YAML (default remediation/policy/default.yaml)")
+    flag(p, "--dry-run", action="store_true", help="decide and record, change nothing")
+    flag(p, "--scheduler", choices=["slurm", "kubernetes", "none"], default=None,
+         help="where drains go (default from [remediation].scheduler: none)")
+    flag(p, "--tickets", metavar="SPEC", default=None, help="sqlite:PATH (the state DB) or webhook:URL (also POST)")
+    flag(p, "--state-db", metavar="PATH", default=None,
+         help="SQLite file with tickets, audit and idempotency keys (default fleethealth-remediation.sqlite)")
+    flag(p, "--kill-switch-file", metavar="FILE", default=None, help="while this file exists, no effects")
+    flag(p, "--max-incident-age", type=float, default=None, metavar="S", help="freshness bound in seconds")
+    flag(p, "--metrics-port", type=int, default=9402, help="Prometheus metrics on 127.0.0.1:PORT (0 = off)")
+    flag(p, "--exit-when-idle", type=float, default=None, metavar="S",
+         help="exit after S seconds with no incidents (replays, tests)")
+    p.set_defaults(func=cmd_remediate)
+
+    t = sub.add_parser("tickets", help="the repair-ticket store: list, show, close",
+                       description="Repair tickets (one per host + component while open): open -> in_repair -> "
+                                   "repaired | closed. Closing as --repaired lets remediation resume the node "
+                                   "once it reports healthy again.")
+    flag(t, "--state-db", metavar="PATH", default=None, env="FLEETHEALTH_STATE_DB", help="the state SQLite file")
+    ts = t.add_subparsers(dest="tickets_cmd", metavar="ACTION")
+    ls = ts.add_parser("list", help="list tickets")
+    ls.add_argument("--state", choices=["open", "in_repair", "repaired", "closed"], help="only this state")
+    ls.add_argument("--host", help="only this host")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    sh = ts.add_parser("show", help="one ticket with evidence and history (JSON)")
+    sh.add_argument("id", type=int)
+    sr = ts.add_parser("start-repair", help="mark a ticket in repair")
+    sr.add_argument("id", type=int)
+    sr.add_argument("--note", default="")
+    cl = ts.add_parser("close", help="close a ticket; --repaired marks the fault fixed")
+    cl.add_argument("id", type=int)
+    cl.add_argument("--repaired", action="store_true", help="the fault was repaired: the node may be resumed")
+    cl.add_argument("--note", default="", help="free text kept in the ticket history")
+    t.set_defaults(func=cmd_tickets)

@@ -1,0 +1,299 @@
+"""The remediation worker: incidents in, guarded effects and action records out.
+
+``RemediationWorker.handle(incident)`` decides by the policy, passes every effect through the
+guards, acts through the scheduler / operator hooks / ticket store, and returns the
+:class:`ActionRecord` s it wrote (each also on ``fleet.actions.v1`` and in the audit table).
+``tick()`` does the periodic work (queued drains and evictions, resumes after repair, ticket
+webhook delivery, gauges); ``run(consumer)`` is the consume loop ``fleethealth remediate`` uses.
+
+Exactly-once effects: each effect has an idempotency key ``<incident>|<kind>|<target>``. Before
+acting the worker reads the key; a final outcome means "already decided, do nothing". Before a
+drain or hook call it writes the key as ``intent``; the outcome, the audit row and any ticket or
+drain bookkeeping commit together afterwards. A worker killed between the effect and that commit
+finds ``intent`` on restart and asks the scheduler: a node already drained with this incident's
+reason is recorded as done, never drained again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleethealth.bus import ACTIONS, DEADLETTER, Bus, Consumer, Record
+from fleethealth.schema import ActionRecord, DeadLetter, Incident, decode_incident, encode
+from remediation import guards
+from remediation.drainer import Drainer
+from remediation.hooks import OperatorHooks
+from remediation.metrics import RemediationMetrics
+from remediation.policy import History, Policy, load_policy
+from remediation.scheduler import NoScheduler, Scheduler
+from remediation.settings import AllSettings
+from remediation.store import FINAL, RemediationStore
+from remediation.tickets import TicketStore, WebhookSink, discard_outbox
+
+log = logging.getLogger(__name__)
+CRASH_ENV = "FLEETHEALTH_TEST_CRASH_AFTER"  # test-only: "drain" or "record" -> os._exit(137) there
+DAY = 86400.0
+
+
+@dataclass
+class RunStats:
+    incidents: int = 0
+    dead_letters: int = 0
+    actions: int = 0
+
+
+class RemediationWorker:
+    def __init__(self, settings: AllSettings | None = None, *, bus: Bus | None = None,
+                 store: RemediationStore | str | Path | None = None, scheduler: Scheduler | None = None,
+                 policy: Policy | None = None, hooks: OperatorHooks | None = None,
+                 ticket_sink: WebhookSink | None = None, metrics: RemediationMetrics | None = None,
+                 clock: Callable[[], float] = time.time, consumer_name: str = "remediation") -> None:
+        self.settings = settings or AllSettings()
+        rs = self.settings.remediation
+        self.bus = bus
+        if store is None or isinstance(store, str | Path):
+            store = RemediationStore.open(store or rs.db)
+        self.store = store
+        self.tickets = TicketStore(store.conn)
+        self.scheduler: Scheduler = scheduler or NoScheduler()
+        self.policy = policy or load_policy(rs.policy)
+        self.hooks = hooks or OperatorHooks(rs.hooks)
+        self.sink = ticket_sink
+        self.metrics = metrics or RemediationMetrics()
+        self.clock = clock
+        self.dry_run = rs.dry_run
+        self.consumer_name = consumer_name
+        self.crash_after = os.environ.get(CRASH_ENV, "")
+        self.drainer = Drainer(self)
+        self.dead_letter_count = 0
+
+    # ------------------------------------------------------------------ recording
+
+    def emit(self, inc: Incident, kind: str, target: str, outcome: str, reason: str, *,
+             key: str | None = None, details: dict[str, str] | None = None, status: str | None = None,
+             in_tx: Callable[[], None] | None = None) -> ActionRecord:
+        """Write one decision: idempotency key + audit row (+ ``in_tx`` bookkeeping) in one
+        transaction, then publish it on fleet.actions.v1."""
+        key = key or f"{inc.id}|{kind}|{target}"
+        rec = ActionRecord(id=key[:256], incident_id=inc.id, host=inc.host, component=inc.component,
+                           failure_mode=inc.failure_mode, kind=kind, outcome=outcome,  # type: ignore[arg-type]
+                           reason=reason[:8000], ts=self.clock(),
+                           details={k: str(v)[:8000] for k, v in (details or {}).items()})
+        with self.store.tx():
+            if in_tx is not None:
+                in_tx()
+            self.store.set_effect(key, inc.id, kind, target, status or outcome, rec.ts, reason[:500])
+            self.store.audit(rec)
+        self.metrics.actions.labels(kind, outcome).inc()
+        if self.bus is not None:
+            self.bus.publish(ACTIONS, inc.host, encode(rec))
+        log.info("remediation %s %s", kind, outcome, extra={"incident": inc.id, "host": inc.host,
+                                                             "target": target, "reason": reason[:300]})
+        return rec
+
+    def decided(self, key: str) -> str | None:
+        st = self.store.effect(key)
+        return st[0] if st else None
+
+    def gate(self, inc: Incident, *, fresh: bool = True) -> guards.Verdict:
+        g = self.settings.guards
+        v = guards.kill_switch(g, bool(g.kill_switch_file) and Path(g.kill_switch_file or "").exists())
+        if v.allow and fresh:
+            v = guards.freshness(g, inc.last_seen, self.clock())
+        if not v.allow:
+            self.metrics.refusals.labels(v.guard).inc()
+        return v
+
+    def crash_point(self, where: str) -> None:
+        if self.crash_after == where:
+            log.warning("test crash hook: exiting at %s", where)
+            os._exit(137)
+
+    # ------------------------------------------------------------------ incidents
+
+    def history(self, inc: Incident) -> History:
+        out = {}
+        for days in self.policy.history_windows:
+            out[days] = self.store.prior_count(inc.host, inc.component, inc.failure_mode,
+                                               inc.first_seen - days * DAY, inc.first_seen, inc.id)
+        return History(out)
+
+    def handle(self, inc: Incident) -> list[ActionRecord]:
+        self.metrics.incidents.labels(inc.state).inc()
+        if inc.state == "resolved" or inc.failure_mode == "healthy":
+            self.store.note_healthy(inc.host, inc.component, max(inc.last_seen, self.clock()))
+            return self.drainer.on_healthy(inc)
+        hist = self.history(inc)
+        self.store.note_sighting(inc.id, inc.host, inc.component, inc.failure_mode, inc.first_seen)
+        decision = self.policy.decide(inc, hist)
+        out: list[ActionRecord] = []
+        drained: str | None = None
+        for action in decision.actions:
+            if action == "drain":
+                recs = self.drainer.drain(inc, decision.reason)
+                drained = next((r.outcome for r in recs if r.kind == "drain" and "step" not in r.details), "done")
+                out += recs
+            elif action in ("reset_gpu", "reboot"):
+                out += self._hook_request(inc, action, decision.reason, drained)
+            elif action == "ticket":
+                out += self._ticket(inc, decision.ticket_priority, decision.reason, hist)
+            elif action in ("alert", "annotate"):
+                out += self._notify(inc, action, decision.reason)
+            elif action == "none":
+                key = f"{inc.id}|noop|{inc.host}"
+                if self.decided(key) is None:
+                    out.append(self.emit(inc, "noop", inc.host, "skipped", decision.reason, key=key))
+        return out
+
+    def _hook_request(self, inc: Incident, action: str, why: str, drained: str | None) -> list[ActionRecord]:
+        kind = "reset_gpu" if action == "reset_gpu" else "reboot_request"
+        target = f"{inc.host}/{inc.component}" if action == "reset_gpu" else inc.host
+        key = f"{inc.id}|{kind}|{target}"
+        st = self.decided(key)
+        if st in FINAL:
+            return []
+        if st == "intent":  # killed after calling the hook, before recording: never call it twice
+            return [self.emit(inc, kind, target, "skipped", "interrupted after the hook was called; outcome "
+                              "unknown, not repeated (check the operator queue)", key=key)]
+        v = self.gate(inc)
+        if not v.allow:
+            return [self.emit(inc, kind, target, v.outcome, v.reason, key=key, details={"guard": v.guard})]
+        if drained is not None and drained not in ("done", "skipped", "dry_run"):
+            return [self.emit(inc, kind, target, "refused",
+                              f"node not drained (drain {drained}): {action} not requested on a busy node", key=key)]
+        if self.dry_run:
+            return [self.emit(inc, kind, target, "dry_run", f"would request {action} via the operator hook: {why}",
+                              key=key)]
+        fields = {"host": inc.host, "component": inc.component, "incident": inc.id,
+                  "failure_mode": inc.failure_mode, "node": self.scheduler.node_name(inc.host), "reason": why}
+        if not self.hooks.configured(action):
+            return [self.emit(inc, kind, target, "skipped",
+                              f"no operator hook configured for {action}; request left to a person", key=key)]
+        self.store.set_effect(key, inc.id, kind, target, "intent", self.clock())
+        res = self.hooks.call(action, fields, {"action": kind, **fields})
+        return [self.emit(inc, kind, target, "done" if res.ok else "failed",
+                          f"{action} request handed to the operator hook: {res.detail}", key=key,
+                          details={"hook": res.detail[:500]})]
+
+    def _ticket(self, inc: Incident, priority: str, why: str, hist: History) -> list[ActionRecord]:
+        target = f"{inc.host}/{inc.component}"
+        key = f"{inc.id}|ticket|{target}#{inc.update_seq}"
+        if self.decided(key) in FINAL:
+            return []
+        if self.dry_run:
+            return [self.emit(inc, "ticket_opened", target, "dry_run", f"would open/update a {priority} ticket: {why}",
+                              key=key)]
+        box: dict[str, str] = {}
+
+        def write() -> None:
+            t, event = self.tickets.open_or_update(inc, priority, self.clock())
+            box.update(ticket=str(t.id), event=event, priority=t.priority, occurrences=str(t.occurrences))
+
+        # The ticket change, the key and the audit row commit together; the record kind follows
+        # the event, which is only known inside the transaction.
+        with self.store.tx():
+            write()
+            kind = "ticket_opened" if box["event"] == "opened" else "ticket_updated"
+            prior = sum(hist.prior_within.values())
+            reason = f"ticket {box['ticket']} {box['event']} ({box['priority']}): {why}"
+            if box["event"] == "escalated":
+                reason += f"; escalated after {prior} earlier episode(s) on {inc.component}"
+            rec = self.emit(inc, kind, target, "done", reason, key=key, details=box)
+        return [rec]
+
+    def _notify(self, inc: Incident, action: str, why: str) -> list[ActionRecord]:
+        key = f"{inc.id}|{action}|{inc.host}/{inc.component}"
+        if self.decided(key) in FINAL:
+            return []
+        if self.dry_run:
+            return [self.emit(inc, action, inc.host, "dry_run", f"would {action}: {why}", key=key)]
+        detail = ""
+        outcome = "done"
+        if self.hooks.configured(action):
+            res = self.hooks.call(action, {"host": inc.host, "component": inc.component, "incident": inc.id,
+                                           "failure_mode": inc.failure_mode, "node": inc.host, "reason": why},
+                                  {"action": action, "incident": inc.id, "host": inc.host, "reason": why})
+            detail, outcome = res.detail, ("done" if res.ok else "failed")
+        return [self.emit(inc, action, inc.host, outcome, why, key=key, details={"hook": detail} if detail else None)]
+
+    # ------------------------------------------------------------------ bus loop
+
+    def dead_letter(self, rec: Record, reason: str) -> None:
+        self.metrics.dead_letters.inc()
+        self.dead_letter_count += 1
+        log.warning("dead-lettered incident", extra={"offset": rec.offset, "partition": rec.partition,
+                                                      "reason": reason[:300]})
+        if self.bus is not None:
+            dl = DeadLetter(source_topic=rec.topic, partition=rec.partition, offset=rec.offset,
+                            key=rec.key[:256] if rec.key else None, reason=reason[:8000],
+                            consumer=self.consumer_name, ts=self.clock(),
+                            payload_excerpt=repr(bytes(rec.value[:512]))[:8000], payload_size=len(rec.value))
+            self.bus.publish(DEADLETTER, rec.key, encode(dl))
+
+    def handle_record(self, rec: Record) -> list[ActionRecord]:
+        """Decode one bus record and handle it; never raises for a bad message or a handler bug."""
+        try:
+            inc = decode_incident(rec.value)
+        except ValueError as exc:  # ContractError is a ValueError
+            self.dead_letter(rec, str(exc))
+            return []
+        try:
+            return self.handle(inc)
+        except Exception as exc:
+            log.exception("handling incident %s failed", inc.id)
+            self.dead_letter(rec, f"remediation failure: {type(exc).__name__}: {exc}")
+            return []
+
+    def tick(self) -> list[ActionRecord]:
+        """Periodic work: queued drains/evictions, resumes after repair, webhook delivery, gauges."""
+        out = self.drainer.process_queue() + self.drainer.check_resumes()
+        if self.sink is not None:
+            self.sink.deliver()
+        else:
+            with self.store.tx() as c:
+                discard_outbox(c)
+        self.update_gauges()
+        return out
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        m.drained.set(len(self.store.active_drains()))
+        m.queued.set(len(self.store.queued()))
+        for bucket, n in self.tickets.age_buckets(self.clock()).items():
+            m.tickets_open.labels(bucket).set(n)
+        if self.sink is not None:
+            m.outbox.set(self.sink.pending())
+
+    def run(self, consumer: Consumer, *, stop: threading.Event | None = None, poll_timeout: float = 1.0,
+            exit_when_idle_s: float | None = None, tick_every_s: float = 5.0) -> RunStats:
+        stats = RunStats()
+        dead_before = self.dead_letter_count
+        idle_since = time.monotonic()
+        last_tick = 0.0
+        while stop is None or not stop.is_set():
+            records = consumer.poll(timeout=poll_timeout)
+            for rec in records:
+                stats.actions += len(self.handle_record(rec))
+                stats.incidents += 1
+            if records or time.monotonic() - last_tick >= tick_every_s:
+                stats.actions += len(self.tick())
+                last_tick = time.monotonic()
+            if self.bus is not None:
+                self.bus.flush()
+            if records:
+                self.crash_point("record")
+                consumer.commit()
+                idle_since = time.monotonic()
+            elif exit_when_idle_s is not None and time.monotonic() - idle_since >= exit_when_idle_s:
+                break
+        stats.dead_letters = self.dead_letter_count - dead_before
+        return stats
+
+    def close(self) -> None:
+        self.store.close()
