@@ -126,3 +126,28 @@ def test_action_round_trip_and_bad_kind():
     with pytest.raises(ContractError) as err:
         decode_action(json.dumps(doc))
     assert err.value.field == "$.kind"
+
+
+def test_msgpack_wire_format_decodes_to_the_same_sample():
+    from fleethealth.schema import encode_packed
+
+    s = sample()
+    assert decode_sample(encode_packed(s)) == s
+    assert len(encode_packed(s)) < len(encode(s))
+
+
+def test_msgpack_errors_name_the_field_too():
+    import msgspec
+
+    from fleethealth.schema import encode_packed
+
+    doc = msgspec.to_builtins(sample(gpus=1))
+    doc["gpus"][0]["index"] = "zero"
+    with pytest.raises(ContractError) as err:
+        decode_sample(msgspec.msgpack.encode(doc))
+    assert err.value.field == "$.gpus[0].index"
+    doc["v"] = 3
+    with pytest.raises(ContractError, match="unsupported schema version 3"):
+        decode_sample(msgspec.msgpack.encode(doc))
+    with pytest.raises(ContractError, match="not valid msgpack"):
+        decode_sample(encode_packed(sample(gpus=1))[:-5])

@@ -1,0 +1,1 @@
+"""Benchmarks: speed as printed figures, never asserted. `make bench` prints one table."""
