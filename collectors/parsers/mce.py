@@ -1,0 +1,152 @@
+"""Machine-check and EDAC records: kernel ``mce:`` lines, ``EDAC ... MCn:`` lines, ``mcelog`` records,
+``ras-mc-ctl --errors`` / ``--error-count`` (pure).
+
+MCA status decoding follows the architectural layout both vendors share (bit 63 VAL, 61 UC, 57 PCC;
+bits 15:0 the MCA error code). Intel: a code of the form ``0000 0000 1MMM CCCC`` is a memory-
+controller error (channel CCCC); ``0000 01xx xxxx xxxx`` is a CPU-internal error. AMD SMCA: the
+IPID's hardware id (bits 43:32) 0x96 is the Unified Memory Controller (UMC), so a bank-17-style
+record is a DRAM error only when its IPID or bank name says UMC. A CPU-internal MCE is NOT a DRAM
+error and yields a fact with ``memory=False``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from collectors.parsers.base import Fact, Parsed, ParseError, new_parsed, to_count
+
+_KMCE = re.compile(r"(?:mce|MCE): \[Hardware Error\]: (?P<body>.*)$")
+_KREC = re.compile(r"CPU (?P<cpu>\d+): Machine Check(?: Event)?: \d+ Bank (?P<bank>\d+): (?P<status>[0-9a-f]{16})", re.I)
+_IPID = re.compile(r"IPID (?P<ipid>[0-9a-f]+)", re.I)
+_EDAC_LINE = re.compile(r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<n>\d+) (?P<t>CE|UE) (?P<what>.*?) on (?P<label>\S+)")
+_SBRIDGE = re.compile(r"EDAC \w+ MC\d+: CPU (?P<cpu>\d+): Machine Check Event: \d+ Bank (?P<bank>\d+): "
+                      r"(?P<status>[0-9a-f]{16})", re.I)
+
+
+def is_mce_line(msg: str) -> bool:
+    return bool(_KMCE.search(msg) or _EDAC_LINE.search(msg) or _SBRIDGE.search(msg))
+
+
+def decode_status(status: int, ipid: int | None = None, bank_name: str = "") -> dict[str, Any]:
+    """Decode an IA32_MCi_STATUS value. ``memory`` is True (DRAM), False (not DRAM) or None (unknown)."""
+    uc = bool(status >> 61 & 1)
+    pcc = bool(status >> 57 & 1)
+    code = status & 0xFFFF
+    memory: bool | None = None
+    desc = f"MCA code 0x{code:04x}"
+    if ipid is not None or "memory controller" in bank_name.lower() or "umc" in bank_name.lower():
+        hwid = (ipid >> 32) & 0xFFF if ipid is not None else None
+        memory = hwid == 0x96 or "unified memory controller" in bank_name.lower() or "umc" in bank_name.lower()
+        desc = "AMD UMC (DRAM) error" if memory else f"AMD bank hwid 0x{hwid or 0:x}"
+    elif code & 0xFF80 == 0x0080:
+        memory = True
+        ch = code & 0xF
+        desc = f"memory controller error, channel {'unspecified' if ch == 0xF else ch}"
+    elif 0x0400 <= code <= 0x07FF:
+        memory = False
+        desc = "CPU internal error"
+    elif code & 0xFF00 == 0x0100 or code & 0xFFF0 == 0x0010:
+        memory = False
+        desc = "cache/TLB error"
+    return {"corrected": not uc, "uncorrected": uc, "pcc": pcc, "memory": memory, "desc": desc,
+            "status": f"0x{status:016x}"}
+
+
+def decode_kernel_mce(msgs: list[str]) -> list[Fact]:
+    """Kernel-log MCE / EDAC messages (prefixes already stripped) -> facts."""
+    facts: list[Fact] = []
+    pending: Fact | None = None
+    for msg in msgs:
+        if (m := _EDAC_LINE.search(msg)) is not None:
+            n = to_count(m["n"]) or 1
+            facts.append(Fact("dram_error", m["label"], {
+                "count": n, "uncorrected": m["t"] == "UE", "source": "edac", "mc": int(m["mc"]),
+                "what": m["what"]}, msg.strip()))
+            continue
+        rec = _KREC.search(msg) or _SBRIDGE.search(msg)
+        if rec is not None:
+            st = int(rec["status"], 16)
+            pending = Fact("mce_record", f"CPU {rec['cpu']} bank {rec['bank']}",
+                           {"bank": int(rec["bank"]), "status_int": st, "source": "kernel"}, msg.strip())
+            pending.attrs.update(decode_status(st))
+            facts.append(pending)
+            continue
+        if pending is not None and (ip := _IPID.search(msg)) is not None:
+            pending.attrs.update(decode_status(pending.attrs["status_int"], int(ip["ipid"], 16)))
+            pending = None
+    for f in facts:
+        f.attrs.pop("status_int", None)
+    return facts
+
+
+# ------------------------------------------------------------------------------ mcelog records
+_ML_STATUS = re.compile(r"STATUS (?P<status>[0-9a-f]+)", re.I)
+_ML_BANK = re.compile(r"CPU (?P<cpu>\d+) BANK (?P<bank>\d+)")
+_ML_MCA = re.compile(r"MCA: (?P<mca>.*)$")
+_ML_PREFIX = re.compile(r"^.*?mcelog(?:\[\d+\])?: ")
+
+
+def parse_mcelog(text: str) -> Parsed:
+    out = new_parsed("mcelog")
+    lines = [_ML_PREFIX.sub("", ln).strip() for ln in text.splitlines()]
+    # a record holds one STATUS line; split the capture at the record markers around it
+    records: list[list[str]] = [[]]
+    for ln in lines:
+        if re.match(r"^(?:MCE \d+|Hardware event\.)", ln) and any(_ML_STATUS.search(x) for x in records[-1]):
+            records.append([])
+        records[-1].append(ln)
+    for rec in records:
+        status = next((m for ln in rec if (m := _ML_STATUS.search(ln))), None)
+        if status is None:
+            continue
+        bank = next((m for ln in rec if (m := _ML_BANK.search(ln))), None)
+        mca = next((m["mca"] for ln in rec if (m := _ML_MCA.search(ln))), "")
+        attrs = decode_status(int(status["status"][-16:], 16))
+        if "MEMORY CONTROLLER" in mca.upper():
+            attrs["memory"] = True
+        elif "internal" in mca.lower():
+            attrs["memory"] = False
+        attrs.update({"mca": mca, "source": "mcelog"})
+        comp = f"CPU {bank['cpu']} bank {bank['bank']}" if bank else "cpu"
+        out.facts.append(Fact("mce_record", comp, attrs, f"MCA: {mca} STATUS {status['status']}"))
+    if not out.facts:
+        raise ParseError("mcelog", "no mcelog record with a STATUS line")
+    return out
+
+
+# ----------------------------------------------------------------------------------- ras-mc-ctl
+_RAS_MCE = re.compile(r"^\d+ .*?error: (?P<err>[^,]*error)[^,]*,.*?bank (?P<bank>[^,]*?)(?: \(bank=(?P<n>\d+)\))?,"
+                      r".*?status=(?P<status>0x[0-9a-f]+)", re.I)
+_RAS_MEM = re.compile(r"^\d+ .*? (?P<n>\d+) (?P<kind>Corrected|Uncorrected) error\(s\): (?P<what>.*?) at (?P<label>\S+)",
+                      re.I)
+_RAS_COUNT = re.compile(r"^(?P<label>\S+)\t(?P<ce>\d+)\t(?P<ue>\d+)\s*$")
+
+
+def parse_ras_mc_ctl(text: str) -> Parsed:
+    """``ras-mc-ctl --errors`` (memory-controller and MCE event lists) or ``--error-count``."""
+    out = new_parsed("ras-mc-ctl")
+    count_table = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("Label") and "CE" in s and "UE" in s:
+            count_table = True
+            continue
+        if count_table and (m := _RAS_COUNT.match(line.strip("\n"))) is not None:
+            ce, ue = int(m["ce"]), int(m["ue"])
+            if ce or ue:
+                out.facts.append(Fact("dimm_counts", m["label"], {"ce": ce, "ue": ue}, s))
+            continue
+        if (m := _RAS_MEM.match(s)) is not None:
+            out.facts.append(Fact("dram_error", m["label"], {
+                "count": int(m["n"]), "uncorrected": m["kind"].lower() == "uncorrected", "source": "ras-mc-ctl",
+                "what": m["what"]}, s))
+            continue
+        if (m := _RAS_MCE.match(s)) is not None:
+            attrs = decode_status(int(m["status"], 16), bank_name=m["bank"])
+            attrs["source"] = "ras-mc-ctl"
+            out.facts.append(Fact("mce_record", f"bank {m['n'] or m['bank']}", attrs, s))
+    if not count_table and "ras-mc-ctl" not in text and not re.search(r"^(No |MCE events:|Memory controller events)",
+                                                                    text, re.M):
+        raise ParseError("ras-mc-ctl", "neither an error-count table nor ras-mc-ctl event sections")
+    return out
