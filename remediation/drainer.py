@@ -60,7 +60,8 @@ class Drainer:
         v = w.gate(inc, fresh=not from_queue)  # a queued drain was fresh when it was queued
         if not v.allow:
             return [w.emit(inc, "drain", node, v.outcome, v.reason, key=key, details={**details, "guard": v.guard})]
-        if isinstance(w.scheduler, NoScheduler):
+        no_scheduler = isinstance(w.scheduler, NoScheduler)
+        if no_scheduler and not w.dry_run:
             return [w.emit(inc, "drain", node, "skipped", "no scheduler configured (--scheduler none): not drained",
                            key=key, details=details)]
         try:

@@ -1,0 +1,184 @@
+"""The worker without a scheduler: tickets exactly once, recurrence escalation, hooks, guards,
+dead letters, audit immutability, metrics. Real SQLite, real subprocess hooks, in-process bus."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from fleethealth.bus import ACTIONS, DEADLETTER, INCIDENTS, InProcessBus
+from fleethealth.schema import decode_action, encode
+from remediation.settings import AllSettings, GuardSettings, HookSettings, RemediationSettings
+from tests.remediation.helpers import Clock, incident, kinds, make_worker
+
+DAY = 86400.0
+
+
+def test_replayed_incident_opens_one_ticket_and_records_once(tmp_path: Path) -> None:
+    w = make_worker(tmp_path)
+    inc = incident(mode="gpu_ecc_sbe_storm", severity="minor")
+    first = w.handle(inc)
+    assert kinds(first) == [("ticket_opened", "done")]
+    assert w.handle(inc) == [] and w.handle(inc) == []
+    assert len(w.tickets.list()) == 1
+    assert len(w.store.audit_rows(incident_id=inc.id)) == 1
+    assert len(w.bus.records(ACTIONS)) == 1  # type: ignore[attr-defined]
+
+
+def test_incident_update_adds_evidence_to_the_same_ticket(tmp_path: Path) -> None:
+    w = make_worker(tmp_path)
+    inc = incident(mode="gpu_thermal", severity="minor")
+    w.handle(inc)
+    upd = incident(mode="gpu_thermal", severity="minor", id=inc.id, state="updated", update_seq=1)
+    assert kinds(w.handle(upd)) == [("ticket_updated", "done")]
+    [t] = w.tickets.list()
+    assert t.occurrences == 1 and len(t.evidence) == 2
+
+
+def test_second_dram_uce_on_same_gpu_escalates_open_ticket_to_rma(tmp_path: Path) -> None:
+    clock = Clock()
+    w = make_worker(tmp_path, clock=clock)
+    a = incident(mode="gpu_dram_uce", now=clock.t - 10 * DAY)
+    w.handle(a)  # first episode: drain + reset (no scheduler, no hook) -> no ticket
+    assert w.tickets.list() == []
+    b = incident(mode="gpu_dram_uce", now=clock.t)
+    recs = w.handle(b)
+    assert ("ticket_opened", "done") in kinds(recs)
+    [t] = w.tickets.list()
+    assert t.priority == "rma"
+    c = incident(mode="gpu_dram_uce", now=clock.t + 1)
+    recs = w.handle(c)
+    [t] = w.tickets.list()  # still one ticket: updated, not a second one
+    assert t.occurrences == 2 and set(t.incidents) == {b.id, c.id}
+
+
+def test_recurrence_outside_window_does_not_escalate(tmp_path: Path) -> None:
+    clock = Clock()
+    w = make_worker(tmp_path, clock=clock)
+    w.handle(incident(mode="gpu_dram_uce", now=clock.t - 40 * DAY))
+    w.handle(incident(mode="gpu_dram_uce", now=clock.t))
+    assert w.tickets.list() == []
+
+
+def test_open_ticket_escalates_when_recurrence_raises_priority(tmp_path: Path) -> None:
+    clock = Clock()
+    w = make_worker(tmp_path, clock=clock)
+    x = incident(mode="gpu_hw_error", now=clock.t - DAY, nvidia_bucket="CONTACT_SUPPORT")
+    w.handle(x)  # CONTACT_SUPPORT: ticket rma
+    [t] = w.tickets.list()
+    assert t.priority == "rma"
+    y = incident(mode="gpu_ecc_sbe_storm", severity="minor", now=clock.t)
+    recs = w.handle(y)
+    assert kinds(recs) == [("ticket_updated", "done")]
+    assert w.tickets.list()[0].priority == "rma"  # never lowered
+
+
+def test_reset_request_goes_to_operator_hook_command(tmp_path: Path) -> None:
+    out = tmp_path / "requests.txt"
+    script = tmp_path / "request-reset"
+    script.write_text(f"#!{sys.executable}\nimport sys\nopen({str(out)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+                      "print('queued for ops')\n")
+    script.chmod(0o755)
+    s = AllSettings(remediation=RemediationSettings(hooks=HookSettings(reset_gpu=[str(script), "{host}", "{component}"])))
+    w = make_worker(tmp_path, s)
+    inc = incident(mode="gpu_row_remap_pending", severity="major")
+    recs = w.handle(inc)
+    # no scheduler: the drain is skipped (not drained, not refused), the reset request goes out
+    assert ("drain", "skipped") in kinds(recs) and ("reset_gpu", "done") in kinds(recs)
+    assert out.read_text() == f"{inc.host} {inc.component}\n"
+    assert w.handle(inc) == []  # replay: the hook is not called twice
+    assert out.read_text().count("\n") == 1
+
+
+def test_failing_hook_is_recorded_failed_with_its_words(tmp_path: Path) -> None:
+    s = AllSettings(remediation=RemediationSettings(hooks=HookSettings(
+        reboot=[sys.executable, "-c", "import sys; sys.stderr.write('ipmi unreachable'); sys.exit(3)"])))
+    w = make_worker(tmp_path, s)
+    recs = w.handle(incident(mode="gpu_fell_off_bus", nvidia_bucket="RESTART_BM"))
+    rb = next(r for r in recs if r.kind == "reboot_request")
+    assert rb.outcome == "failed" and "exit 3" in rb.reason and "ipmi unreachable" in rb.reason
+
+
+def test_no_hook_means_request_is_skipped_never_run(tmp_path: Path) -> None:
+    w = make_worker(tmp_path)
+    recs = w.handle(incident(mode="gpu_gsp_error"))
+    r = next(r for r in recs if r.kind == "reset_gpu")
+    assert r.outcome == "skipped" and "no operator hook" in r.reason
+
+
+def test_kill_switch_file_refuses_effects_but_records(tmp_path: Path) -> None:
+    switch = tmp_path / "STOP"
+    switch.touch()
+    s = AllSettings(guards=GuardSettings(kill_switch_file=str(switch)))
+    w = make_worker(tmp_path, s)
+    recs = w.handle(incident(mode="gpu_gsp_error"))
+    assert kinds(recs) == [("drain", "refused"), ("reset_gpu", "refused")]
+    assert all("kill switch" in r.reason for r in recs)
+    assert b'guard="kill_switch"' in generate_latest(w.metrics.registry)
+
+
+def test_stale_incident_is_refused(tmp_path: Path) -> None:
+    clock = Clock()
+    w = make_worker(tmp_path, clock=clock)
+    recs = w.handle(incident(mode="gpu_gsp_error", now=clock.t - 3600))
+    assert kinds(recs) == [("drain", "refused"), ("reset_gpu", "refused")]
+    assert "stale" in recs[0].reason
+
+
+def test_dry_run_records_and_changes_nothing(tmp_path: Path) -> None:
+    s = AllSettings(remediation=RemediationSettings(dry_run=True), guards=GuardSettings(cluster_sizes={"default": 10}))
+    w = make_worker(tmp_path, s)
+    recs = w.handle(incident(mode="net_link_down"))
+    assert kinds(recs) == [("drain", "dry_run"), ("ticket_opened", "dry_run")]
+    assert "would drain" in recs[0].reason
+    assert w.tickets.list() == [] and w.store.active_drains() == []
+
+
+def test_audit_table_is_append_only(tmp_path: Path) -> None:
+    w = make_worker(tmp_path)
+    w.handle(incident(mode="gpu_thermal", severity="minor"))
+    conn = sqlite3.connect(tmp_path / "state.sqlite")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        conn.execute("UPDATE audit SET outcome='done'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        conn.execute("DELETE FROM audit")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_malformed_and_unknown_mode_are_dead_lettered_and_worker_carries_on(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    w = make_worker(tmp_path, bus=bus)
+    good = incident(mode="gpu_thermal", severity="minor")
+    unknown = json.loads(encode(incident(mode="gpu_thermal")))
+    unknown["failure_mode"] = "gpu_possessed"
+    bus.publish(INCIDENTS, "h", b"{not json")
+    bus.publish(INCIDENTS, "h", json.dumps(unknown).encode())
+    bus.publish(INCIDENTS, "h", b'{"v": 1, "id": "x"}')
+    bus.publish(INCIDENTS, good.host, encode(good))
+    stats = w.run(bus.consumer([INCIDENTS], "g"), exit_when_idle_s=0.2, poll_timeout=0.05)
+    assert stats.dead_letters == 3 and stats.incidents == 4
+    reasons = [json.loads(r.value)["reason"] for r in bus.records(DEADLETTER)]
+    assert any("not valid JSON" in r for r in reasons)
+    assert any("unknown failure mode 'gpu_possessed'" in r for r in reasons)
+    assert any("required field" in r for r in reasons)
+    assert [decode_action(r.value).kind for r in bus.records(ACTIONS)] == ["ticket_opened"]
+    assert b"fleethealth_remediation_dead_letters_total 3.0" in generate_latest(w.metrics.registry)
+
+
+def test_run_stops_on_event(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    w = make_worker(tmp_path, bus=bus)
+    stop = threading.Event()
+    t = threading.Thread(target=w.run, args=(bus.consumer([INCIDENTS], "g"),), kwargs={"stop": stop,
+                                                                                       "poll_timeout": 0.05})
+    t.start()
+    bus.publish(INCIDENTS, "h", encode(incident(mode="host_dram_ce_storm", severity="minor")))
+    stop.set()
+    t.join(5)
+    assert not t.is_alive()
