@@ -1,10 +1,144 @@
-"""Subcommands of the collectors part (registered into the fleethealth command)."""
+"""Subcommands of the collectors part: ``fleethealth collect``."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
+import socket
+import tempfile
+import threading
+from pathlib import Path
 from typing import Any
+
+from fleethealth.cliutil import flag
+from fleethealth.errors import ServiceUnavailable, UserError
+
+log = logging.getLogger("fleethealth.collect")
+
+COLLECT_HELP = """\
+Run the per-host collector: every --interval seconds read NVML (per-GPU ECC by location, remapped
+rows, retired pages, PCIe, NVLink, temperature, power, throttle reasons, Xid events), sysfs (PCIe
+AER and link, InfiniBand/RoCE ports, EDAC) and the kernel log (Xid, fallen off the bus, AER, EDAC,
+MCE lines), and publish one sample per poll to the sink. Samples are spooled on disk first and
+sent in order, so a Kafka outage loses nothing (up to --spool-max-mb). Prometheus metrics are
+served on 127.0.0.1:--exporter-port. SIGTERM flushes the spool and saves the sequence number.
+
+  fleethealth collect --simulate --once --sink stdout      # one simulated 8-GPU sample, no GPU needed
+  fleethealth collect --sink kafka:10.0.0.5:9092 --expected-gpus 8
+"""
 
 
 def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
-    _ = argparse  # subcommands are added here by the collectors part
+    p = sub.add_parser("collect", help="run the per-host collector daemon", description=COLLECT_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    flag(p, "--simulate", action="store_true", help="use the simulated NVML and a built-in simulated host tree")
+    flag(p, "--once", action="store_true", help="take one sample, deliver it, exit")
+    flag(p, "--sink", default="stdout", help="kafka | kafka:HOST:PORT | stdout | jsonl:PATH")
+    flag(p, "--topic", default="fleet.telemetry.v1", help="Kafka / JSONL topic for samples")
+    flag(p, "--interval", type=float, default=10.0, help="seconds between polls")
+    flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
+    flag(p, "--polls", type=int, default=0, help="stop after this many polls (0 = run until SIGTERM)")
+    flag(p, "--host", default=socket.gethostname(), help="host name in samples (the Kafka key)")
+    flag(p, "--cluster", default="default", help="cluster name in samples")
+    flag(p, "--rack", default="", help="rack name in samples")
+    flag(p, "--expected-gpus", type=int, default=0, help="GPUs this host should have (0 = do not check)")
+    flag(p, "--sysfs-root", default=None, help="sysfs root to read (default /sys; a fixture tree in tests)")
+    flag(p, "--proc-root", default=None, help="procfs root for boot_id and btime (default /proc)")
+    flag(p, "--kmsg-file", default=None, help="kernel log to follow: /dev/kmsg (default) or a log file")
+    flag(p, "--state-dir", default=None, help="sequence number, kernel-log position (default /var/lib/fleethealth)")
+    flag(p, "--spool-dir", default=None, help="on-disk spool (default STATE_DIR/spool)")
+    flag(p, "--spool-max-mb", type=float, default=256.0, help="spool bound; past it the oldest samples drop")
+    flag(p, "--nvml-timeout", type=float, default=2.0, help="deadline for one GPU's NVML reads, seconds")
+    flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port on 127.0.0.1 (0 disables)")
+    flag(p, "--sim-gpus", type=int, default=8, help="GPUs on the simulated host")
+    flag(p, "--sim-seed", type=int, default=0, help="seed of the simulated host")
+    p.set_defaults(func=run_collect)
+
+
+def _sink(spec: str, topic: str) -> Any:
+    from collectors.sinks import JsonlSink, KafkaSink, StdoutSink
+
+    if spec == "stdout":
+        return StdoutSink()
+    if spec.startswith("jsonl:"):
+        if not spec[6:]:
+            raise UserError("--sink jsonl: needs a path, e.g. jsonl:out/telemetry.jsonl")
+        return JsonlSink(spec[6:], topic)
+    if spec == "kafka" or spec.startswith("kafka:"):
+        from fleethealth.config import kafka_settings
+
+        bootstrap = spec[6:] if spec.startswith("kafka:") else kafka_settings().bootstrap
+        return KafkaSink(bootstrap, topic)
+    raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    from collectors.daemon import Collector, CollectorSettings
+    from collectors.exporter import SampleMetrics, load_catalog, start_exporter
+
+    state_dir = args.state_dir
+    sysfs, proc, kmsg = args.sysfs_root, args.proc_root, args.kmsg_file
+    nvml: Any
+    if args.simulate:
+        from collectors.sim_nvml import SimNvml
+        from collectors.simhost import build_sim_host
+
+        state_dir = state_dir or tempfile.mkdtemp(prefix="fleethealth-sim-")
+        paths = build_sim_host(Path(state_dir) / "simhost", n_gpus=args.sim_gpus)
+        sysfs, proc, kmsg = sysfs or str(paths["sys"]), proc or str(paths["proc"]), kmsg or str(paths["kmsg"])
+        nvml = SimNvml(args.sim_gpus, seed=args.sim_seed, host=args.host)
+        expected = args.expected_gpus or args.sim_gpus
+    else:
+        try:
+            import pynvml as nvml
+        except ImportError as exc:
+            raise ServiceUnavailable("pynvml (nvidia-ml-py) is not installed; use --simulate") from exc
+        expected = args.expected_gpus
+    settings = CollectorSettings(
+        host=args.host, cluster=args.cluster, rack=args.rack, expected_gpus=expected, interval=args.interval,
+        jitter=args.jitter, sysfs_root=sysfs or "/sys", proc_root=proc or "/proc", kmsg_path=kmsg or "/dev/kmsg",
+        state_dir=state_dir or "/var/lib/fleethealth", spool_dir=args.spool_dir,
+        spool_max_bytes=int(args.spool_max_mb * (1 << 20)), call_timeout=args.nvml_timeout,
+    )
+    try:
+        Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create --state-dir {settings.state_dir}: {exc}") from exc
+    metrics = SampleMetrics(load_catalog())
+    collector = Collector(settings, sink=_sink(args.sink, args.topic), nvml=nvml, on_sample=metrics.update)
+    metrics.stats_fn = lambda: _stats(collector)
+    server = start_exporter(metrics, 0 if args.once else args.exporter_port)
+    stop = threading.Event()
+
+    def _term(signum: int, _frame: Any) -> None:
+        log.info("stopping on signal", extra={"signal": signum})
+        stop.set()
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        if args.simulate:
+            collector.on_sample = lambda s: (metrics.update(s), nvml.tick())
+        collector.run(stop, max_polls=1 if args.once else (args.polls or None))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        ok = collector.flush(30.0 if args.once else 10.0)
+        left = collector.spool.depth()
+        collector.close(flush_timeout=0)
+        if server is not None:
+            server.shutdown()
+    if not ok:
+        log.warning("samples left in the spool; they are sent on the next start", extra={"spooled": left})
+    log.info("collector stopped", extra={"polls": collector.stats.polls, "next_seq": collector.seq})
+    return 0 if ok or not args.once else 3
+
+
+def _stats(c: Any) -> dict[str, Any]:
+    s = c.stats
+    return {
+        "last_poll_seconds": s.last_poll_seconds, "source_errors": dict(s.source_errors),
+        "spool_depth": c.spool.depth(), "spool_dropped": c.spool.dropped, "polls": s.polls,
+        "samples_sent": s.samples_sent, "last_sample_ts": s.last_sample_ts,
+    }

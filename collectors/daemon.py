@@ -1,0 +1,249 @@
+"""The collector daemon: poll every source, build one Sample, spool it, send it in order.
+
+Poll loop (this thread): sources -> :class:`Sample` with a per-host ``seq`` persisted in
+``state_dir/collector-state.json`` (a restart continues the sequence) -> appended to the
+:class:`Spool`. Sender (a second thread): the oldest spooled records -> sink -> acknowledged. So
+polling never waits on Kafka, a broker outage fills the spool, and on reconnect the backlog goes
+out in order before anything newer. Each source runs isolated: an exception becomes a
+``SourceError`` in the sample and a counter, and the other sources still report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from collectors.kernel_follow import KernelLogFollower
+from collectors.nvml_source import NvmlSource
+from collectors.spool import Spool
+from collectors.sysfs import ReadStats, read_boot_id, read_boot_time, read_edac, read_net_ports, read_pcie
+from fleethealth import __version__
+from fleethealth.schema import Sample, SourceError, encode
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    def send_batch(self, records: list[tuple[str, bytes]]) -> int:
+        """Deliver records in order; return how many (a prefix) were accepted. May raise."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class CollectorSettings:
+    host: str
+    cluster: str = "default"
+    rack: str = ""
+    expected_gpus: int = 0
+    interval: float = 10.0
+    jitter: float = 0.0
+    sysfs_root: str = "/sys"
+    proc_root: str = "/proc"
+    kmsg_path: str | None = "/dev/kmsg"
+    state_dir: str = "/var/lib/fleethealth"
+    spool_dir: str | None = None
+    spool_max_bytes: int = 256 << 20
+    call_timeout: float = 2.0
+    fsync: bool = True
+
+
+@dataclass
+class CollectorStats:
+    polls: int = 0
+    samples_sent: int = 0
+    send_failures: int = 0
+    last_poll_seconds: float = 0.0
+    last_sample_ts: float = 0.0
+    source_errors: Counter[str] = field(default_factory=Counter)
+    skipped_reads: Counter[str] = field(default_factory=Counter)
+
+
+class Collector:
+    def __init__(self, settings: CollectorSettings, *, sink: Sink, nvml: Any = None,
+                 clock: Callable[[], float] = time.time, on_sample: Callable[[Sample], None] | None = None) -> None:
+        self.s = settings
+        self.sink = sink
+        self.clock = clock
+        self.on_sample = on_sample
+        self.stats = CollectorStats()
+        state = Path(settings.state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        self._state_path = state / "collector-state.json"
+        self.seq = self._load_seq()
+        self.boot_id = read_boot_id(settings.proc_root)
+        self.spool = Spool(settings.spool_dir or state / "spool", max_bytes=settings.spool_max_bytes,
+                           fsync=settings.fsync)
+        self.nvml = NvmlSource(nvml, expected_gpus=settings.expected_gpus, call_timeout=settings.call_timeout,
+                               clock=clock) if nvml is not None else None
+        self.kernel: KernelLogFollower | None = None
+        self._kernel_error: str | None = None
+        if settings.kmsg_path:
+            try:
+                self.kernel = KernelLogFollower(
+                    settings.kmsg_path, state_path=state / "kmsg-position.json",
+                    boot_time=read_boot_time(settings.proc_root), boot_id=self.boot_id,
+                )
+            except OSError as exc:
+                self._kernel_error = f"cannot open {settings.kmsg_path}: {exc}"
+        self._wake = threading.Event()
+        self._stop_sender = threading.Event()
+        self._sender = threading.Thread(target=self._send_loop, name="collector-sender", daemon=True)
+        self._sender.start()
+
+    # ------------------------------------------------------------------ sequence state
+
+    def _load_seq(self) -> int:
+        try:
+            d = json.loads(self._state_path.read_text())
+            if d.get("host") == self.s.host:
+                return int(d["seq"]) + 1
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return 0
+
+    def _save_seq(self, seq: int) -> None:
+        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"host": self.s.host, "seq": seq}, f)
+            f.flush()
+            if self.s.fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, self._state_path)
+
+    # ------------------------------------------------------------------ one poll
+
+    def poll_once(self) -> Sample:
+        t0 = time.perf_counter()
+        sample = Sample(host=self.s.host, cluster=self.s.cluster, rack=self.s.rack, ts=self.clock(), seq=self.seq,
+                        collector_version=__version__, boot_id=self.boot_id, expected_gpus=self.s.expected_gpus)
+        for name, fn in (("nvml", self._nvml), ("pcie", self._pcie), ("infiniband", self._net),
+                         ("edac", self._edac), ("kernel_log", self._kernel)):
+            try:
+                fn(sample)
+            except Exception as exc:  # noqa: BLE001 - one source failing must not stop the others
+                self._source_error(sample, name, f"{type(exc).__name__}: {exc}")
+                log.warning("source failed", extra={"source": name, "error": str(exc)})
+        self._save_seq(self.seq)
+        self.seq += 1
+        self.spool.append(self.s.host, encode(sample))
+        self._wake.set()
+        self.stats.polls += 1
+        self.stats.last_sample_ts = sample.ts
+        self.stats.last_poll_seconds = time.perf_counter() - t0
+        if self.on_sample is not None:
+            self.on_sample(sample)
+        return sample
+
+    def _source_error(self, sample: Sample, source: str, error: str) -> None:
+        self.stats.source_errors[source] += 1
+        if len(sample.source_errors) < 64:
+            sample.source_errors.append(SourceError(source=source, error=error[:8000]))
+
+    def _nvml(self, sample: Sample) -> None:
+        if self.nvml is None:
+            return
+        p = self.nvml.poll()
+        sample.gpus = p.gpus[:64]
+        sample.driver_version = p.driver_version
+        for e in p.errors:
+            self._source_error(sample, "nvml", e)
+
+    def _sysfs(self, sample: Sample, name: str, fn: Callable[[ReadStats], list[Any]], attr: str) -> None:
+        st = ReadStats()
+        setattr(sample, attr, fn(st))
+        skipped = st.vanished + st.unreadable
+        self.stats.skipped_reads[f"{name}:vanished"] += st.vanished
+        self.stats.skipped_reads[f"{name}:unreadable"] += st.unreadable
+        self.stats.skipped_reads[f"{name}:non_numeric"] += st.non_numeric
+        if skipped:
+            log.info("sysfs files skipped", extra={"source": name, "vanished": st.vanished,
+                                                   "unreadable": st.unreadable})
+
+    def _pcie(self, sample: Sample) -> None:
+        self._sysfs(sample, "pcie", lambda st: read_pcie(self.s.sysfs_root, st)[:256], "aer")
+
+    def _net(self, sample: Sample) -> None:
+        self._sysfs(sample, "infiniband", lambda st: read_net_ports(self.s.sysfs_root, st)[:64], "net_ports")
+
+    def _edac(self, sample: Sample) -> None:
+        self._sysfs(sample, "edac", lambda st: read_edac(self.s.sysfs_root, st)[:64], "edac")
+
+    def _kernel(self, sample: Sample) -> None:
+        if self._kernel_error:
+            raise OSError(self._kernel_error)
+        if self.kernel is not None:
+            sample.kernel_events = self.kernel.poll(max_lines=100_000)[:4096]
+
+    # ------------------------------------------------------------------ sending
+
+    def _send_loop(self) -> None:
+        backoff = 0.1
+        while not self._stop_sender.is_set():
+            batch = self.spool.peek(500)
+            if not batch:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            try:
+                n = self.sink.send_batch(batch)
+            except Exception as exc:  # noqa: BLE001 - keep spooling; retry with backoff
+                n = 0
+                self.stats.send_failures += 1
+                log.warning("sink unavailable; samples stay spooled",
+                            extra={"error": str(exc)[:300], "spooled": self.spool.depth()})
+            if n:
+                self.spool.ack(n)
+                self.stats.samples_sent += n
+                backoff = 0.1
+            if n < len(batch):
+                self._stop_sender.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the spool is empty (True) or the timeout passes (False)."""
+        end = time.monotonic() + timeout
+        while self.spool.depth() and time.monotonic() < end:
+            self._wake.set()
+            time.sleep(0.02)
+        return self.spool.depth() == 0
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self, stop: threading.Event, *, max_polls: int | None = None, rng: random.Random | None = None) -> None:
+        rng = rng or random.Random()
+        next_at = time.monotonic()
+        while not stop.is_set():
+            self.poll_once()
+            if max_polls is not None and self.stats.polls >= max_polls:
+                break
+            next_at += self.s.interval
+            delay = next_at - time.monotonic() + (rng.uniform(0, self.s.jitter) if self.s.jitter else 0.0)
+            if delay < 0:
+                next_at = time.monotonic()  # fell behind: do not burst to catch up
+            stop.wait(max(0.0, delay))
+
+    def close(self, flush_timeout: float = 10.0) -> None:
+        self.flush(flush_timeout)
+        self._stop_sender.set()
+        self._wake.set()
+        self._sender.join(5)
+        self.spool.close()
+        if self.kernel is not None:
+            self.kernel.close()
+        if self.nvml is not None:
+            self.nvml.close()
+        try:
+            self.sink.close()
+        except Exception:  # noqa: BLE001 - closing must not hide the exit status
+            log.warning("sink close failed", exc_info=True)

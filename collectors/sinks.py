@@ -1,0 +1,73 @@
+"""Where samples go: stdout, a JSONL file, or Kafka. All deliver a batch in order."""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, Any
+
+from fleethealth.bus import TELEMETRY, BusError, JsonlBus
+
+
+class StdoutSink:
+    def __init__(self, stream: IO[bytes] | None = None) -> None:
+        self.stream = stream or sys.stdout.buffer
+
+    def send_batch(self, records: list[tuple[str, bytes]]) -> int:
+        for _key, value in records:
+            self.stream.write(value + b"\n")
+        self.stream.flush()
+        return len(records)
+
+    def close(self) -> None:
+        self.stream.flush()
+
+
+class JsonlSink:
+    def __init__(self, path: str, topic: str = TELEMETRY) -> None:
+        self.bus = JsonlBus(path)
+        self.topic = topic
+
+    def send_batch(self, records: list[tuple[str, bytes]]) -> int:
+        for key, value in records:
+            self.bus.publish(self.topic, key, value)
+        self.bus.flush()
+        return len(records)
+
+    def close(self) -> None:
+        self.bus.close()
+
+
+class KafkaSink:
+    """Sends a batch, then waits for every ack; the count returned is the acked prefix."""
+
+    def __init__(self, bootstrap: str, topic: str = TELEMETRY, *, ack_timeout: float = 20.0, **kw: Any) -> None:
+        from fleethealth.kafka_bus import KafkaBus
+
+        self.bus = KafkaBus(bootstrap, client_id="fleethealth-collector", request_timeout_ms=10000,
+                            max_block_ms=5000, **kw)
+        self.topic = topic
+        self.ack_timeout = ack_timeout
+
+    def send_batch(self, records: list[tuple[str, bytes]]) -> int:
+        from kafka.errors import KafkaError
+
+        try:
+            producer = self.bus.producer
+            futures = [producer.send(self.topic, key=k.encode(), value=v) for k, v in records]
+            producer.flush(self.ack_timeout)
+        except KafkaError as exc:
+            raise BusError(f"Kafka send to {self.topic} failed: {exc}") from exc
+        done = 0
+        for f in futures:
+            try:
+                f.get(0.01 if f.is_done else self.ack_timeout)
+            except KafkaError:
+                break
+            done += 1
+        return done
+
+    def close(self) -> None:
+        try:
+            self.bus.close()
+        except Exception:  # noqa: BLE001
+            pass
