@@ -21,10 +21,12 @@ PCIE_REPLAY = "fleethealth_gpu_pcie_replay_total"
 NVLINK = "fleethealth_gpu_nvlink_errors_total"
 NET = "fleethealth_net_port_counter_total"
 EDAC = "fleethealth_edac_errors_total"
-XID = "fleethealth_gpu_xid_events_total"
+XID = "fleethealth_gpu_xid_events_total"  # per GPU, starts at 0
+XID_BY_CODE = "fleethealth_gpu_xid_events_by_code_total"
 HOST_VAR_METRIC = "fleethealth_gpu_info"
 
 H = '{host="$host"}'
+NET_ERRORS = '{host="$host", counter=~".*(error|downed|discard|recovery).*"}'
 RATE = "[$__rate_interval]"
 
 
@@ -38,11 +40,11 @@ def build() -> Dashboard:
         "datasource": DATASOURCE,
         "enable": True,
         "iconColor": "red",
-        "expr": f"sum by (gpu, xid) (increase({XID}{H}{RATE})) > 0",
+        "expr": f"sum by (gpu) (increase({XID}{H}{RATE})) > 0",
         "step": "15s",
-        "titleFormat": "Xid {{xid}}",
-        "textFormat": "GPU {{gpu}}: Xid {{xid}}",
-        "tagKeys": "gpu,xid",
+        "titleFormat": "Xid on GPU {{gpu}}",
+        "textFormat": "GPU {{gpu}}: Xid event (codes in the Xid table)",
+        "tagKeys": "gpu",
         "useValueForTime": False,
     }
     panels = [
@@ -54,7 +56,7 @@ def build() -> Dashboard:
                    (f'sum by (gpu, location) ({ECC}{UNCORRECTED})',
                     "GPU {{gpu}} {{location}}")),
         timeseries("Remapped rows", (f"sum by (gpu, kind) ({REMAPPED}{H})", "GPU {{gpu}} {{kind}}"), width=12),
-        table("Xid events by GPU", (f"sum by (gpu, xid) ({XID}{H})", ""), width=12),
+        table("Xid events by GPU", (f"sum by (gpu, xid) ({XID_BY_CODE}{H})", ""), width=12),
         row("PCIe and NVLink"),
         timeseries("PCIe link generation (current vs max)", (f"max by (gpu, which) ({PCIE_GEN}{H})",
                                                              "GPU {{gpu}} {{which}}"), width=8),
@@ -66,7 +68,7 @@ def build() -> Dashboard:
                                          "GPU {{gpu}} {{counter}}"), width=24),
         row("Network and host memory"),
         timeseries("InfiniBand / RoCE port errors / s",
-                   (f"sum by (device, port, counter) (rate({NET}{H}{RATE}))", "{{device}}/{{port}} {{counter}}")),
+                   (f"sum by (device, port, counter) (rate({NET}{NET_ERRORS}{RATE}))", "{{device}}/{{port}} {{counter}}")),
         timeseries("EDAC errors / s by memory controller",
                    (f"sum by (mc, type) (rate({EDAC}{H}{RATE}))", "mc{{mc}} {{type}}")),
     ]

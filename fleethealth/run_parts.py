@@ -1,0 +1,258 @@
+"""Adapters that let ``fleethealth run`` drive the other parts in one thread.
+
+Each adapter wraps a part's public API (simulator, replay file, detector worker, remediation worker,
+scoring) so that ``fleethealth.pipeline`` only sees: a source that yields samples, stages with
+``step()``, and prometheus collectors to serve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+
+from fleethealth.bus import INCIDENTS, TELEMETRY, Bus, read_values
+from fleethealth.errors import UserError
+from fleethealth.schema import ContractError, Incident, Sample, decode_sample
+
+log = logging.getLogger("fleethealth.pipeline")
+
+
+def parse_duration(text: str | float) -> float:
+    if isinstance(text, int | float):
+        return float(text)
+    from collectors.fleetsim.plan import parse_duration as parse
+
+    return parse(text)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass
+class Source:
+    describe: str
+    total: int | None
+    truth: list[dict[str, Any]] = field(default_factory=list)
+    path: Path | None = None
+    skipped: int = 0
+    _gen: Callable[[], Iterator[Sample]] | None = None
+
+    def samples(self) -> Iterator[Sample]:
+        assert self._gen is not None
+        return self._gen()
+
+
+def open_source(opts: Any) -> Source:
+    if opts.replay:
+        return _replay_source(Path(opts.replay))
+    return _sim_source(opts)
+
+
+def _truth_beside(path: Path) -> list[dict[str, Any]]:
+    from collectors.fleetsim.engine import truth_path
+
+    tp = truth_path(path)
+    if not tp.exists():
+        return []
+    return [json.loads(line) for line in tp.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _replay_source(path: Path) -> Source:
+    if not path.exists():
+        raise UserError(f"{path}: no such recording")
+    src = Source(describe=str(path), total=None, truth=_truth_beside(path), path=path)
+    meta = path.with_name(path.name.replace(".jsonl.gz", "").replace(".jsonl", "") + ".meta.json")
+    if meta.exists():
+        src.total = json.loads(meta.read_text()).get("samples")
+
+    def gen() -> Iterator[Sample]:
+        for raw in read_values(path):
+            try:
+                yield decode_sample(raw)
+            except ContractError as exc:  # a bad line is counted and skipped, never fatal
+                src.skipped += 1
+                log.warning("skipping unreadable sample in %s: %s", path, exc)
+
+    src._gen = gen
+    return src
+
+
+def _sim_source(opts: Any) -> Source:
+    from collectors.fleetsim.engine import Simulation
+    from collectors.fleetsim.plan import RunSpec
+
+    spec = RunSpec(hosts=opts.hosts, duration_s=parse_duration(opts.duration), interval_s=opts.interval,
+                   seed=opts.seed, fault_rate=opts.fault_rate)
+    sim = Simulation(spec)
+    src = Source(describe=f"simulated fleet: {spec.hosts} hosts, {spec.duration_s:g} s every {spec.interval_s:g} s, "
+                          f"seed {spec.seed}, fault rate x{spec.fault_rate:g}",
+                 total=spec.ticks * spec.hosts, truth=sim.truth_records())
+
+    def gen() -> Iterator[Sample]:
+        # The simulator pushes encoded samples through a callback; a thread turns that into a stream
+        # with a small bounded buffer, so samples flow (and can be paced) while it simulates.
+        import queue
+
+        q: queue.Queue[bytes | None] = queue.Queue(maxsize=4096)
+        err: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                sim.run(q.put)
+            except BaseException as exc:  # re-raised in the consuming thread
+                err.append(exc)
+            finally:
+                q.put(None)
+
+        t = threading.Thread(target=work, name="fleetsim", daemon=True)
+        t.start()
+        while (item := q.get()) is not None:
+            yield decode_sample(item)
+        t.join()
+        if err:
+            raise err[0]
+
+    src._gen = gen
+    return src
+
+
+# --------------------------------------------------------------------------- detection
+
+
+class Detection:
+    """The detector worker (rules + ML if a model is shipped) consuming telemetry, publishing incidents."""
+
+    group = "fleethealth-detect"
+
+    def __init__(self, bus: Bus) -> None:
+        try:
+            from detectors.worker import DetectorWorker
+        except ImportError as exc:
+            raise UserError(f"the detectors part is not installed here ({exc})") from exc
+        self.worker = DetectorWorker(bus=bus)
+        self.consumer = bus.consumer([TELEMETRY], self.group)
+
+    def step(self) -> int:
+        n = 0
+        while records := self.consumer.poll(timeout=0, max_records=2000):
+            for rec in records:
+                n += len(self.worker.handle_record(rec))
+            self.consumer.commit()
+        return n
+
+    def finish(self, last_ts: float | None) -> None:
+        fin = getattr(self.worker, "finish", None)
+        if fin is not None and last_ts is not None:
+            fin(last_ts)
+
+    def collectors(self) -> list[Any]:
+        m = getattr(self.worker, "metrics", None)
+        reg = getattr(m, "registry", None)
+        return [_RegistryProxy(reg)] if reg is not None else []
+
+
+# --------------------------------------------------------------------------- remediation
+
+
+class Remediation:
+    """The remediation worker in dry-run with a SQLite ticket store, on the stream clock."""
+
+    group = "fleethealth-remediation"
+
+    def __init__(self, bus: Bus, tickets: str, clock: Callable[[], float]) -> None:
+        from remediation.settings import AllSettings, RemediationSettings
+        from remediation.worker import RemediationWorker
+
+        if not tickets.startswith("sqlite:"):
+            raise UserError(f"--tickets {tickets!r}: use sqlite:PATH (or sqlite::memory:)")
+        db = tickets[len("sqlite:"):] or ":memory:"
+        settings = AllSettings(remediation=RemediationSettings(dry_run=True, db=db, group=self.group))
+        self.worker = RemediationWorker(settings, bus=bus, store=db, clock=clock)
+        self.consumer = bus.consumer([INCIDENTS], self.group)
+
+    def step(self) -> int:
+        n = 0
+        while records := self.consumer.poll(timeout=0, max_records=1000):
+            for rec in records:
+                n += len(self.worker.handle_record(rec))
+            self.consumer.commit()
+        n += len(self.worker.tick())
+        return n
+
+    def collectors(self) -> list[Any]:
+        return [_RegistryProxy(self.worker.metrics.registry)]
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+# --------------------------------------------------------------------------- exporters
+
+
+class _RegistryProxy:
+    """Serve another registry's metrics from ours (one port for several parts' registries)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        return self.registry.collect()
+
+
+class Server:
+    def __init__(self, httpd: Any, thread: threading.Thread) -> None:
+        self.httpd, self.thread = httpd, thread
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+
+    def server_close(self) -> None:
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve(collectors: Iterable[Any], port: int, addr: str = "127.0.0.1") -> Server:
+    reg = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        reg.register(c)
+    try:
+        httpd, thread = start_http_server(port, addr=addr, registry=reg)
+    except OSError as exc:
+        raise UserError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+    log.info("serving metrics on http://%s:%d/metrics", addr, port)
+    return Server(httpd, thread)
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def score(source: Source, incidents: list[Incident]) -> tuple[dict[str, Any] | None, str]:
+    """The scorecard, from the detector part's scoring code, when the input has ground truth."""
+    if not source.truth:
+        return None, "no ground truth beside the input: no scorecard"
+    from fleethealth.run_scoring import scorecard
+
+    return scorecard(source, incidents)
+
+
+def stream_clock() -> tuple[Callable[[Sample], None], Callable[[], float]]:
+    """(observe, now): ``now`` is the newest sample timestamp seen (wall clock before any sample)."""
+    latest = [0.0]
+
+    def observe(s: Sample) -> None:
+        latest[0] = max(latest[0], s.ts)
+
+    return observe, lambda: latest[0] or time.time()
+
