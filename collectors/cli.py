@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from collectors.fleetsim.cli import register as register_fleetsim
 from fleethealth.cliutil import flag
 from fleethealth.errors import ServiceUnavailable, UserError
 
@@ -54,6 +55,7 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--sim-gpus", type=int, default=8, help="GPUs on the simulated host")
     flag(p, "--sim-seed", type=int, default=0, help="seed of the simulated host")
     p.set_defaults(func=run_collect)
+    register_fleetsim(sub)  # simulate + replay (collectors/fleetsim)
 
 
 def _sink(spec: str, topic: str) -> Any:

@@ -1,0 +1,138 @@
+"""Planning a run: which faults happen where and when (the ground truth), before any telemetry.
+
+Counts per mode are Poisson draws with mean ``rate x hosts x hours`` (rates from :mod:`.rates`);
+each fault gets a host, an onset uniform over the run, and a log-uniform duration. A host carries one
+fault at a time (a second fault would blur the first one's evidence): a fault that collides is moved
+to another host, so the per-mode counts stay exactly the Poisson draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleethealth.errors import UserError
+from fleethealth.taxonomy import FAULT_LABELS
+
+from .faults import DURATION, KIND, PRECURSOR_S, Fault, draw_duration
+from .rates import rates_per_host_hour
+from .timeline import Timeline
+from .topology import GPUS_PER_HOST, PORTS_PER_HOST, HostSpec
+
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update")
+
+
+@dataclass
+class RunSpec:
+    hosts: int
+    duration_s: float
+    interval_s: float
+    seed: int
+    fault_rate: float = 1.0
+    scenario: str = "default"
+    min_per_mode: int = 0
+    start_ts: float = 1_735_689_600.0  # 2025-01-01T00:00:00Z: fixed, never the wall clock
+
+    @property
+    def ticks(self) -> int:
+        return int(self.duration_s // self.interval_s)
+
+    def check(self) -> None:
+        if self.hosts < 1:
+            raise UserError("--hosts must be at least 1")
+        if self.interval_s <= 0 or self.duration_s < self.interval_s:
+            raise UserError("--duration must be at least one --interval, and the interval positive")
+        if self.fault_rate < 0:
+            raise UserError("--fault-rate must be >= 0")
+        if self.scenario not in SCENARIOS:
+            raise UserError(f"unknown scenario {self.scenario!r}; choose from {', '.join(SCENARIOS)}")
+
+
+def parse_duration(text: str) -> float:
+    """``1d``, ``6h``, ``30m``, ``45s`` or plain seconds."""
+    t = text.strip().lower()
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    try:
+        if t and t[-1] in units:
+            return float(t[:-1]) * units[t[-1]]
+        return float(t)
+    except ValueError:
+        raise UserError(f"cannot read duration {text!r}: use e.g. 1d, 6h, 30m, 90s") from None
+
+
+def expected_faults(spec: RunSpec) -> dict[str, float]:
+    hours = spec.ticks * spec.interval_s / 3600.0
+    return {m: r * spec.hosts * hours for m, r in rates_per_host_hour(spec.fault_rate).items()}
+
+
+def component_of(f: Fault, spec: HostSpec, uuids: list[str]) -> str:
+    k = KIND[f.mode]
+    if k == "gpu":
+        return uuids[f.gpu or 0]
+    if k == "pci":
+        return spec.gpus[f.gpu or 0].pci_addr
+    if k == "port":
+        return spec.port_component(f.port or 0)
+    if k == "dimm":
+        return spec.dimms[f.dimm or 0][1]
+    return "host"
+
+
+def _place(tl: Timeline, rng: np.random.Generator, spec: RunSpec, mode: str, fid: str,
+           host: int | None = None, dur_s: float | None = None) -> tuple[Fault, int] | None:
+    ticks = spec.ticks
+    dur = spec_ticks(dur_s if dur_s is not None else draw_duration(mode, rng), spec.interval_s)
+    pre_max = spec_ticks(PRECURSOR_S.get(mode, 0), spec.interval_s) if mode in PRECURSOR_S else 0
+    pre = int(rng.integers(pre_max // 6, pre_max + 1)) if pre_max and rng.random() < 0.5 else 0
+    for _attempt in range(60):
+        h = int(rng.integers(0, spec.hosts)) if host is None else host
+        onset = int(rng.integers(2, max(ticks - 1, 3)))
+        end = min(onset + dur, ticks)
+        if tl.free(h, onset - pre, end, margin=spec_ticks(1800, spec.interval_s)):
+            tl.reserve(h, onset - pre, end)
+            f = Fault(id=fid, host=h, mode=mode, onset_tick=onset, end_tick=end)
+            kind = KIND[mode]
+            if kind in ("gpu", "pci"):
+                f.gpu = int(rng.integers(0, GPUS_PER_HOST))
+            elif kind == "port":
+                f.port = int(rng.integers(0, PORTS_PER_HOST))
+            elif kind == "dimm":
+                f.dimm = int(rng.integers(0, 16))
+            return f, min(pre, onset)
+        if host is not None:
+            return None
+    return None
+
+
+def spec_ticks(seconds: float, interval: float) -> int:
+    return max(1, int(round(seconds / interval)))
+
+
+def plan_faults(spec: RunSpec, tl: Timeline, rng: np.random.Generator) -> tuple[list[tuple[Fault, int]], int]:
+    """Draw every fault of the run. Returns ((fault, precursor ticks) list, faults that found no room)."""
+    exp = expected_faults(spec)
+    out: list[tuple[Fault, int]] = []
+    dropped = 0
+    n = 0
+    wanted: list[str] = []
+    for mode in FAULT_LABELS:
+        k = int(rng.poisson(exp[mode])) if exp[mode] > 0 else 0
+        wanted += [mode] * max(k, spec.min_per_mode if spec.fault_rate > 0 else 0)
+    # scenario extras
+    if spec.scenario == "flapping-cable":
+        wanted += ["net_link_bad_cable"] * max(2, spec.hosts // 16)
+    elif spec.scenario == "sbe-storm-no-uce":
+        wanted += ["gpu_ecc_sbe_storm"] * max(2, spec.hosts // 16)
+    # long faults first so they find room; stable order keeps runs reproducible
+    wanted.sort(key=lambda m: (-DURATION[m][1], m))
+    for mode in wanted:
+        long = spec.scenario in ("flapping-cable", "sbe-storm-no-uce") and mode in ("net_link_bad_cable", "gpu_ecc_sbe_storm")
+        dur = spec.duration_s * float(rng.uniform(0.5, 0.8)) if long else None
+        placed = _place(tl, rng, spec, mode, f"F{n:05d}", dur_s=dur)
+        if placed is None:
+            dropped += 1
+            continue
+        out.append(placed)
+        n += 1
+    return out, dropped
