@@ -322,11 +322,13 @@ class _Codec:
             raise ContractError(self.kind, msg[: m.start()] if m else msg, m.group(1) if m else "$") from None
         except msgspec.DecodeError as exc:
             raise ContractError(self.kind, f"not valid {'msgpack' if packed else 'JSON'}: {exc}") from None
+        except RecursionError:
+            raise ContractError(self.kind, "nested too deeply to be a contract message") from None
 
     def _raise_version(self, data: bytes | bytearray | memoryview, packed: bool = False) -> None:
         try:
             v = (_envelope_mp if packed else _envelope).decode(data).v
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             return
         if v is not None and v != SCHEMA_VERSION:
             raise ContractError(
