@@ -75,6 +75,7 @@ class KernelLogFollower:
         self._start_at_end = start_at_end
         self._is_kmsg = False
         self._carry = b""
+        self._head = b""  # first bytes of the file: a copytruncate that refills past our offset changes them
         self._restore()
 
     # ------------------------------------------------------------------ state
@@ -91,6 +92,7 @@ class KernelLogFollower:
             return
         if isinstance(st.get("ino"), int) and isinstance(st.get("offset"), int):
             self._ino, self._off = st["ino"], st["offset"]
+            self._head = bytes.fromhex(st.get("head", "")) if isinstance(st.get("head"), str) else b""
             self._resume_file()
         elif self._start_at_end:
             self._open_file(at_end=True)
@@ -99,7 +101,7 @@ class KernelLogFollower:
         if self._is_kmsg:
             _write_state(self.state_path, {"boot_id": self.boot_id, "kmsg_seq": self._kmsg_seq})
         elif self._ino is not None:
-            _write_state(self.state_path, {"ino": self._ino, "offset": self._off})
+            _write_state(self.state_path, {"ino": self._ino, "offset": self._off, "head": self._head.hex()})
 
     def _resume_file(self) -> None:
         try:
@@ -107,7 +109,9 @@ class KernelLogFollower:
         except FileNotFoundError:
             return
         if st.st_ino == self._ino and st.st_size >= self._off:
+            head = self._head
             self._open_file(at_end=False, offset=self._off)
+            self._head = head
             return
         # Rotated while we were down: the old inode may live on as PATH.1 (logrotate's default).
         old = self.path.with_name(self.path.name + ".1")
@@ -133,6 +137,7 @@ class KernelLogFollower:
         self._off = st.st_size if at_end else offset
         os.lseek(fd, self._off, os.SEEK_SET)
         self._carry = b""
+        self._head = os.pread(fd, min(64, self._off), 0) if self._off else b""
 
     # ------------------------------------------------------------------ reading
 
@@ -152,30 +157,33 @@ class KernelLogFollower:
             self._open_file(at_end=False, offset=0)
             if self._fd is None:
                 return out
+        # Truncated or rewritten in place (copytruncate): start over before reading anything.
+        if os.fstat(self._fd).st_size < self._off or self._replaced():
+            self.rotations += 1
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            self._off, self._carry, self._head = 0, b"", b""
         self._drain(out, max_lines)
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return out  # between rotate's rename and create: keep the old descriptor
-        fst = os.fstat(self._fd)
-        if st.st_ino != fst.st_ino:
+        if st.st_ino != os.fstat(self._fd).st_ino:  # rotated: old file drained above, now the new one
             self.rotations += 1
             os.close(self._fd)
             self._open_file(at_end=False, offset=0)
             self._drain(out, max_lines)
-        elif st.st_size < self._off:
-            self.rotations += 1
-            os.lseek(self._fd, 0, os.SEEK_SET)
-            self._off, self._carry = 0, b""
-            self._drain(out, max_lines)
         return out
+
+    def _replaced(self) -> bool:
+        assert self._fd is not None
+        return bool(self._head) and os.pread(self._fd, len(self._head), 0) != self._head
 
     def _drain(self, out: list[str], max_lines: int) -> None:
         assert self._fd is not None
         while len(out) < max_lines:
             chunk = os.read(self._fd, 65536)
             if not chunk:
-                return
+                break
             buf = self._carry + chunk
             start = 0
             while True:
@@ -191,6 +199,8 @@ class KernelLogFollower:
                 self._off += len(rest)
                 rest = b""
             self._carry = rest
+        if len(self._head) < 64 and self._off > len(self._head):
+            self._head = os.pread(self._fd, min(64, self._off), 0)
 
     def _cut(self, raw: bytes) -> str:
         if len(raw) > self.max_line:
