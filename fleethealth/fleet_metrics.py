@@ -140,12 +140,11 @@ LagFn = Callable[[], Iterable[tuple[str, str, int]]]  # -> (group, topic, lag)
 
 
 class FleetStateCollector:
-    """Reads a FleetState (and optional bus counters / lag / spool) at scrape time."""
+    """Reads a FleetState (and optional bus counters / lag) at scrape time."""
 
     def __init__(self, state: FleetState, bus: CountingBus | None = None, lag: LagFn | None = None,
-                 spool_depth: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.state, self.bus, self.lag, self.spool_depth, self.clock = state, bus, lag, spool_depth, clock
+        self.state, self.bus, self.lag, self.clock = state, bus, lag, clock
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: names are only known at collect time
@@ -207,5 +206,3 @@ class FleetStateCollector:
             for group, topic, lag in self.lag():
                 g.add_metric([group, topic], lag)
             yield g
-        yield GaugeMetricFamily(m.SPOOL_DEPTH, "Messages waiting in collector spools (0 on the in-process bus).",
-                                value=self.spool_depth() if self.spool_depth else 0)

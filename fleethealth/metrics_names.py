@@ -28,7 +28,7 @@ DEAD_LETTERS = "fleethealth_pipeline_dead_letters_total"  # counter
 LAST_SAMPLE_TS = "fleethealth_pipeline_host_last_sample_timestamp_seconds"  # gauge {host, rack}: sample ts
 LAST_SAMPLE_AGE = "fleethealth_pipeline_host_last_sample_age_seconds"  # gauge {host, rack}: since receipt
 STALE_HOSTS = "fleethealth_pipeline_stale_hosts"  # gauge: hosts silent longer than the threshold
-SPOOL_DEPTH = "fleethealth_pipeline_spool_messages"  # gauge: messages waiting in collector spools
+COLLECTOR_SPOOL = "fleethealth_collector_spool_depth"  # gauge {host}: collectors/metrics.tsv
 
 HOST_STATES = ("healthy", "suspect", "drained", "in_repair")
 STALE_AFTER_S = 30.0

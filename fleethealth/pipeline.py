@@ -249,7 +249,14 @@ def _print_result(res: RunResult) -> None:
         print(f"report: {res.report_path}")
 
 
+def _quiet_per_action_logs() -> None:
+    """One INFO line per action floods a run of thousands; keep them at --log-level debug."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("remediation").setLevel(logging.WARNING)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    _quiet_per_action_logs()
     res = run(_opts(args))
     _print_result(res)
     return 0
@@ -258,6 +265,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     if not args.dataset.exists():
         raise UserError(f"{args.dataset}: demo dataset not found (replay_data/ ships it)")
+    _quiet_per_action_logs()
     res = run(_opts(args, replay=args.dataset, score=True, report=args.report))
     _print_result(res)
     prov = REPO / "deploy" / "grafana" / "provisioning"

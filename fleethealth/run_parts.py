@@ -19,9 +19,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
-from fleethealth.bus import INCIDENTS, TELEMETRY, Bus, read_values
+from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, Bus, read_values
+from fleethealth.deadletter import dead_letter_for
 from fleethealth.errors import UserError
-from fleethealth.schema import ContractError, Incident, Sample, decode_sample
+from fleethealth.schema import ContractError, Incident, Sample, decode_sample, encode
 
 log = logging.getLogger("fleethealth.pipeline")
 
@@ -129,35 +130,46 @@ def _sim_source(opts: Any) -> Source:
 
 
 class Detection:
-    """The detector worker (rules + ML if a model is shipped) consuming telemetry, publishing incidents."""
+    """The detector engine (``detectors.engine.DetectorEngine``: rules, episodes, staleness) consuming
+    telemetry and publishing incidents; an undecodable message goes to the dead-letter topic."""
 
     group = "fleethealth-detect"
 
     def __init__(self, bus: Bus) -> None:
         try:
-            from detectors.worker import DetectorWorker
+            from detectors.engine import DetectorEngine
         except ImportError as exc:
             raise UserError(f"the detectors part is not installed here ({exc})") from exc
-        self.worker = DetectorWorker(bus=bus)
+        self.engine = DetectorEngine()
+        self.bus = bus
         self.consumer = bus.consumer([TELEMETRY], self.group)
+
+    def _publish(self, incidents: list[Incident]) -> None:
+        for inc in incidents:
+            self.bus.publish(INCIDENTS, inc.host, encode(inc))
 
     def step(self) -> int:
         n = 0
         while records := self.consumer.poll(timeout=0, max_records=2000):
             for rec in records:
-                n += len(self.worker.handle_record(rec))
+                try:
+                    sample = decode_sample(rec.value)
+                except ContractError as exc:
+                    self.bus.publish(DEADLETTER, rec.key, encode(dead_letter_for(rec, str(exc), self.group)))
+                    continue
+                out = self.engine.feed(sample)
+                self._publish(out)
+                n += len(out)
             self.consumer.commit()
         return n
 
     def finish(self, last_ts: float | None) -> None:
-        fin = getattr(self.worker, "finish", None)
-        if fin is not None and last_ts is not None:
-            fin(last_ts)
+        """End of input: let open episodes expire / staleness rules run at the last fleet time."""
+        if last_ts is not None:
+            self._publish(self.engine.tick(last_ts))
 
     def collectors(self) -> list[Any]:
-        m = getattr(self.worker, "metrics", None)
-        reg = getattr(m, "registry", None)
-        return [_RegistryProxy(reg)] if reg is not None else []
+        return []
 
 
 # --------------------------------------------------------------------------- remediation

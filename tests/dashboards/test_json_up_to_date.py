@@ -76,3 +76,18 @@ def test_provisioning_names_the_datasource_the_dashboards_use() -> None:
     assert ds["datasources"][0]["type"] == "prometheus"
     dash = yaml.safe_load((prov / "dashboards" / "fleethealth.yaml").read_text())
     assert dash["providers"][0]["type"] == "file"
+
+
+def test_every_metric_name_is_exported_by_someone() -> None:
+    """Collector names come from the exporter's catalogue; service names from fleethealth.metrics_names."""
+    import re
+
+    from collectors.exporter import load_catalog
+    from fleethealth import metrics_names
+
+    known = {s.metric for s in load_catalog()}
+    known |= {v for k, v in vars(metrics_names).items() if k.isupper() and isinstance(v, str)}
+    for name, items in build.all_queries().items():
+        for where, expr in items:
+            for metric in re.findall(r"\b(fleethealth_[a-z0-9_]+)", expr):
+                assert metric in known, f"{name} {where}: {metric} is exported by nothing"

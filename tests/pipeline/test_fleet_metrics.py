@@ -86,7 +86,6 @@ def test_collector_exports_states_incidents_lag_and_ages() -> None:
     assert f"{m.SAMPLES} 2.0" in text
     assert f"{m.DEAD_LETTERS} 1.0" in text
     assert f'{m.CONSUMER_LAG}{{group="detect",topic="{TELEMETRY}"}} 1.0' in text
-    assert f"{m.SPOOL_DEPTH} 0.0" in text
 
 
 def test_lag_of_unknown_topic_or_group() -> None:
