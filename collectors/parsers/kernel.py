@@ -49,6 +49,8 @@ def parse(text: str) -> Parsed:
             out.facts.append(Fact("gpu_uuid", pci_norm(m["pci"]), {"uuid": m["uuid"]}, line.strip()))
         if (m := _BUS_ERR.search(msg)) is not None:
             aer_ctx[m["pci"].lower()] = (m["sev"].strip(), m["type"].strip())
+            out.facts.append(Fact("aer_header", m["pci"].lower(), {
+                "severity": _sev(m["sev"]), "layer": m["type"].strip()}, line.strip()))
         elif (m := _AER_ITEM.search(msg)) is not None:
             sev, layer = aer_ctx.get(m["pci"].lower(), ("", ""))
             out.facts.append(Fact("aer_error", m["pci"].lower(), {

@@ -142,6 +142,5 @@ def _apply(out: Parsed, g: GpuSample, name: str, labels: dict[str, str], value: 
             setattr(g.nvlink, fld, [_count(value)])
         if value > 0:
             out.facts.append(Fact("prom_nonzero", comp, {"metric": name, "value": value}, raw))
-    elif name in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION"):
-        if value > 0:
-            out.facts.append(Fact("prom_nonzero", comp, {"metric": name, "value": value}, raw))
+    elif name in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION") and value > 0:
+        out.facts.append(Fact("prom_nonzero", comp, {"metric": name, "value": value}, raw))
