@@ -1,0 +1,81 @@
+"""`fleethealth run` end to end on a small simulated fleet: real simulator, detector engine,
+remediation worker (dry-run) with a real SQLite ticket store, HTML report."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fleethealth.pipeline import RunOptions, run
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM = dict(simulate=True, hosts=12, duration="1h", interval=10.0, fault_rate=3000.0, seed=3, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("run")
+    res = run(RunOptions(**SIM, report=tmp / "report", tickets=f"sqlite:{tmp / 'state.sqlite'}"))
+    return res, tmp
+
+
+def test_run_finds_the_injected_faults_and_writes_the_report(result) -> None:
+    res, tmp = result
+    s = res.summary
+    assert s.hosts == 12
+    assert s.samples > 12 * 300  # one sample per host per 10 s over an hour, a few lost in transit
+    modes = {i.failure_mode for i in res.incidents}
+    assert modes, "a fleet with faults injected produced no incidents"
+    html = (tmp / "report" / "index.html").read_text()
+    assert res.report_path == tmp / "report" / "index.html"
+    for mode in modes:
+        assert mode in html
+    assert "Scorecard" in html and "dry-run (nothing drained)" in html
+
+
+def test_dry_run_records_actions_but_drains_nothing(result) -> None:
+    res, tmp = result
+    kinds = Counter((a.kind, a.outcome) for a in res.actions)
+    assert res.actions, "remediation recorded no actions for the incidents"
+    assert not [a for a in res.actions if a.outcome == "done" and a.kind in ("drain", "reset_gpu", "reboot_request")]
+    assert any(o == "dry_run" for _, o in kinds), kinds
+    with sqlite3.connect(tmp / "state.sqlite") as conn:  # the audit table holds the same decisions
+        audited = conn.execute("SELECT COUNT(*) FROM audit").fetchone()[0]
+    assert audited == len(res.actions)
+    states = Counter(res.summary.host_states.values())
+    assert states["healthy"] + states["suspect"] + states["drained"] + states["in_repair"] == 12
+
+
+def test_run_is_deterministic_for_a_seed(result) -> None:
+    res, _ = result
+    again = run(RunOptions(**SIM))
+    key = lambda r: sorted((i.id, i.failure_mode, i.state) for i in r.incidents)  # noqa: E731
+    assert key(again) == key(res)
+
+
+def test_cli_prints_summary_and_report(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "fleethealth.cli", "run", "--simulate", "--hosts", "4", "--duration", "20m",
+         "--fault-rate", "3000", "--seed", "1", "--score", "--report", str(tmp_path / "r"), "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "fleethealth run: " in out.stdout and "samples from 4 hosts" in out.stdout
+    assert "scorecard" in out.stdout.lower()
+    assert (tmp_path / "r" / "index.html").exists()
+
+
+def test_cli_rejects_two_inputs(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "fleethealth.cli", "run", "--simulate", "--replay", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "exactly one of" in out.stderr
+
+
+def test_scorecard_comes_from_the_detectors_scoring_code(result) -> None:
+    pytest.importorskip("detectors.scoring", reason="detectors/scoring.py (score_replay) has not landed yet")
+    res = run(RunOptions(**SIM, score=True))
+    assert res.summary.scorecard is not None and res.summary.scorecard_text
