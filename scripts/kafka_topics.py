@@ -24,7 +24,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import KafkaError, TopicAlreadyExistsError
+    from kafka.errors import KafkaConfigurationError, KafkaError, TopicAlreadyExistsError
 
     deadline = time.monotonic() + args.timeout
     last_error: Exception | None = None
@@ -35,7 +35,6 @@ def main() -> int:
                 bootstrap_servers=args.bootstrap,
                 client_id="fleethealth-services",
                 request_timeout_ms=5000,
-                api_version_auto_timeout_ms=3000,
             )
             existing = set(admin.list_topics())
             missing = [t for t in TOPICS if t not in existing]
@@ -50,6 +49,8 @@ def main() -> int:
             if all(t in existing for t in TOPICS):
                 print("kafka: topics ready: " + ", ".join(TOPICS))
                 return 0
+        except KafkaConfigurationError:
+            raise
         except (KafkaError, OSError) as exc:  # broker still starting
             last_error = exc
         finally:

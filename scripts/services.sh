@@ -108,11 +108,38 @@ kafka_libs() {
   log "kafka: jars ready ($(ls "$KAFKA_LIBS" | wc -l) files, $(elapsed "$t0"))"
 }
 
-kafka_up() {
+# Wait (up to $1 s) until the broker answers a metadata request, then create fleethealth's topics
+# (8 partitions each) if missing: with kafka-python from .venv when it is there, else with the
+# Kafka admin CLI class from the jars (slower: one JVM per topic).
+kafka_topics() {
+  local timeout="$1" i t ok=0
+  if [[ -x "$PY" ]] && "$PY" -c 'import kafka' 2>/dev/null; then
+    "$PY" "$ROOT/scripts/kafka_topics.py" --bootstrap "$KAFKA_BOOTSTRAP" --timeout "$timeout"
+    return
+  fi
+  for ((i = 0; i < timeout * 10; i++)); do
+    port_open 9092 && { ok=1; break; }
+    sleep 0.1
+  done
+  ((ok)) || return 1
+  for t in fleet.telemetry.v1 fleet.incidents.v1 fleet.actions.v1 fleet.deadletter.v1; do
+    java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$KAFKA_LIBS/*" \
+      "-Dlog4j2.configurationFile=$ROOT/deploy/kafka/log4j2.properties" \
+      org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --create \
+      --if-not-exists --topic "$t" --partitions 8 --replication-factor 1 >>"$SVC/kafka/topics.log" 2>&1 ||
+      return 1
+  done
+  echo "kafka: topics ready (admin CLI)"
+}
+
+KAFKA_PENDING=0
+KAFKA_T0=""
+kafka_start() {
   local d="$SVC/kafka" pidf="$SVC/kafka/kafka.pid" t0
   mkdir -p "$d"
   if pid_alive "$pidf"; then
     log "kafka: already running (pid $(cat "$pidf")) on $KAFKA_BOOTSTRAP"
+    kafka_topics 30 || die "kafka: running but not answering (log: $d/kafka.log)"
     return 0
   fi
   if port_open 9092 || port_open 9093; then
@@ -140,31 +167,22 @@ kafka_up() {
     >>"$d/kafka.log" 2>&1 </dev/null &
   echo $! >"$pidf"
   mark_started kafka
-  # Wait until the broker answers a metadata request and the topics exist.
-  local ok=0 i
-  if [[ -x "$PY" ]] && "$PY" -c 'import kafka' 2>/dev/null; then
-    "$PY" "$ROOT/scripts/kafka_topics.py" --bootstrap "$KAFKA_BOOTSTRAP" --timeout 120 && ok=1
-  else
-    for ((i = 0; i < 1200; i++)); do
-      pid_alive "$pidf" || break
-      port_open 9092 && { ok=1; break; }
-      sleep 0.1
-    done
-    if ((ok)); then
-      local t
-      for t in fleet.telemetry.v1 fleet.incidents.v1 fleet.actions.v1 fleet.deadletter.v1; do
-        java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$KAFKA_LIBS/*" \
-          "-Dlog4j2.configurationFile=$ROOT/deploy/kafka/log4j2.properties" \
-          org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --create \
-          --if-not-exists --topic "$t" --partitions 8 --replication-factor 1 >>"$d/topics.log" 2>&1 || ok=0
-      done
-    fi
-  fi
+  KAFKA_T0="$t0"
+  KAFKA_PENDING=1
+}
+
+# Wait until a broker that kafka_start launched answers a metadata request and the topics exist.
+# (`up` starts the other services in between: the JVM takes the longest.)
+kafka_wait() {
+  ((KAFKA_PENDING)) || return 0
+  KAFKA_PENDING=0
+  local d="$SVC/kafka" pidf="$SVC/kafka/kafka.pid" ok=0
+  kafka_topics 120 && ok=1
   if ((!ok)) || ! pid_alive "$pidf"; then
     tail -40 "$d/kafka.log" >&2
     die "kafka: did not come up (log: $d/kafka.log)"
   fi
-  log "kafka: up on $KAFKA_BOOTSTRAP (pid $(cat "$pidf"), Kafka $KAFKA_VERSION, started in $(elapsed "$t0"))"
+  log "kafka: up on $KAFKA_BOOTSTRAP (pid $(cat "$pidf"), Kafka $KAFKA_VERSION, answered $(elapsed "$KAFKA_T0") after start)"
 }
 
 kafka_down() { stop_pidfile kafka "$SVC/kafka/kafka.pid" 45; }
@@ -328,8 +346,18 @@ slurm_up() {
   log "slurm: export SLURM_CONF=$SLURM_CONF_FILE"
 }
 
-# The gpu-node-* entries have no slurmd; put them in a state from which DRAIN / RESUME behave.
-slurm_prepare_gpu_nodes() { :; }
+# The gpu-node-* entries have no slurmd; slurmctld's pings to their NodeAddr (127.0.0.1:6818) are
+# answered by the local slurmd, which takes them from `unknown` to `idle` a few seconds after start.
+# RESUME is refused while a node is still UNKNOWN(+DRAIN), so wait for that before tests begin.
+slurm_prepare_gpu_nodes() {
+  local i states
+  for ((i = 0; i < 600; i++)); do
+    states="$(sinfo -h -N -n "$GPU_NODES" -o '%T' 2>/dev/null | sort -u | tr '\n' ' ')"
+    [[ -n "$states" && ! "$states" =~ unk ]] && return 0
+    sleep 0.1
+  done
+  die "slurm: $GPU_NODES still '$states' after 60s (log: $SLURM_DIR/slurmctld.log)"
+}
 
 slurm_down() {
   stop_pidfile slurmd "$SLURM_DIR/slurmd.pid" 20
@@ -388,7 +416,14 @@ main() {
       local t0
       t0="$(now)"
       [[ -n "$STARTED_FILE" ]] && touch "$STARTED_FILE"
-      for a in "${svcs[@]}"; do "${a}_up"; done
+      # Kafka's JVM starts first and is waited for last, so the other services start meanwhile.
+      for a in "${svcs[@]}"; do
+        if [[ "$a" == kafka ]]; then kafka_start; fi
+      done
+      for a in "${svcs[@]}"; do
+        if [[ "$a" != kafka ]]; then "${a}_up"; fi
+      done
+      kafka_wait
       log "services: ${svcs[*]} up ($(elapsed "$t0") in all)"
       ;;
     down)
