@@ -103,7 +103,7 @@ class Drainer:
                       details={**details, **res.details}, in_tx=self._bookkeep(inc, node))]
         for step, target in res.done_steps:
             out.append(w.emit(inc, "drain", target, "done", f"{step} {target} from {node}",
-                              key=f"{inc.id}|{step}|{target}", details={"step": step, "node": node}))
+                              key=f"{inc.id}|{step}|{target}", details={"step": step, "node": node, "target": target}))
         for p in res.pending:
             out.append(self._queue_step(inc, node, p))
         return out
@@ -148,7 +148,7 @@ class Drainer:
         key = f"{inc.id}|{p.step}|{p.target}"
         payload = {"incident": encode(inc).decode(), "node": node, "step": p.step, "target": p.target}
         return w.emit(inc, "drain", p.target, "queued", f"{p.step} of {p.target} blocked, retried later: {p.reason}",
-                      key=key, details={"step": p.step, "node": node},
+                      key=key, details={"step": p.step, "node": node, "target": p.target},
                       in_tx=lambda: w.store.enqueue(key, p.step, inc.host, inc.cluster, payload, p.reason, w.clock()))
 
     # ------------------------------------------------------------------ queue + resume
@@ -179,7 +179,8 @@ class Drainer:
                 if left is None:
                     out.append(w.emit(inc, "drain", q.payload["target"], "done",
                                       f"{q.kind} {q.payload['target']} succeeded on retry {q.attempts + 1}", key=q.key,
-                                      details={"step": q.kind, "node": q.payload["node"]},
+                                      details={"step": q.kind, "node": q.payload["node"],
+                                               "target": q.payload["target"]},
                                       in_tx=lambda k=q.key: w.store.dequeue(k)))
                 else:
                     w.store.bump_attempts(q.key)

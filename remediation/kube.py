@@ -84,8 +84,12 @@ class KubernetesScheduler:
                                    "taint": f"{TAINT_KEY}={failure_mode}:NoSchedule"})
         if not self.s.evict:
             return res
-        pods = self._call("list pods on", node, self.api.list_pod_for_all_namespaces,
-                          field_selector=f"spec.nodeName={node}")
+        try:
+            pods = self._call("list pods on", node, self.api.list_pod_for_all_namespaces,
+                              field_selector=f"spec.nodeName={node}")
+        except SchedulerError as exc:  # cordoned already: report the drain, say evictions did not start
+            res.details["evict_error"] = str(exc)[:1000]
+            return res
         for pod in pods.items:
             meta = pod.metadata
             owners = meta.owner_references or []

@@ -1,0 +1,98 @@
+"""The Kubernetes adapter with the official client against tests/remediation/fake_kube.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from remediation.kube import TAINT_KEY, KubernetesScheduler
+from remediation.scheduler import NodeNotFound
+from remediation.settings import AllSettings, GuardSettings, KubeSettings
+from tests.remediation.fake_kube import FakeKube
+from tests.remediation.helpers import incident, make_worker
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    k = FakeKube()
+    for i in range(1, 5):
+        k.add_node(f"gpu-node-00{i}")
+    k.add_pod("train", "job-0", "gpu-node-001", {"app": "job"})
+    k.add_pod("web", "api-0", "gpu-node-001", {"app": "api"})
+    k.add_pod("web", "api-1", "gpu-node-002", {"app": "api"})
+    k.add_pod("kube-system", "dcgm-exporter-x", "gpu-node-001", {"app": "dcgm"}, owner_kind="DaemonSet")
+    k.add_pdb("web", {"app": "api"}, min_available=2)
+    yield k
+    k.close()
+
+
+def sched(k: FakeKube) -> KubernetesScheduler:
+    cfg = client.Configuration()
+    cfg.host = k.url
+    return KubernetesScheduler(KubeSettings(), api_client=client.ApiClient(cfg))
+
+
+def worker(tmp: Path, k: FakeKube):  # type: ignore[no-untyped-def]
+    s = AllSettings(guards=GuardSettings(cluster_sizes={"default": 10}))
+    return make_worker(tmp, s, scheduler=sched(k))
+
+
+def test_cordon_taint_evict_and_pdb_429_is_queued_then_retried(tmp_path: Path, kube: FakeKube) -> None:
+    w = worker(tmp_path, kube)
+    inc = incident("gpu-node-001", "net_link_down")
+    recs = w.handle(inc)
+    node = kube.nodes["gpu-node-001"]
+    assert node["spec"]["unschedulable"] is True
+    assert {"key": TAINT_KEY, "value": "net_link_down", "effect": "NoSchedule"} in node["spec"]["taints"]
+    assert node["metadata"]["annotations"]["fleethealth.io/drain-reason"] == f"fleethealth:{inc.id} net_link_down"
+    evict = {r.details["target"]: r.outcome for r in recs if r.details.get("step") == "evict"}
+    assert evict == {"train/job-0": "done", "web/api-0": "queued"}
+    queued = next(r for r in recs if r.details.get("target") == "web/api-0")
+    assert "disruption budget" in queued.reason and "HTTP 429" in queued.reason
+    assert ("kube-system", "dcgm-exporter-x") in kube.pods  # DaemonSet pods stay
+    assert ("web", "api-0") in kube.pods and ("train", "job-0") not in kube.pods
+
+    assert w.tick() == []  # still blocked by the PDB: stays queued, no new record
+    kube.add_pod("web", "api-2", "gpu-node-003", {"app": "api"})  # replacement scheduled elsewhere
+    recs = w.tick()
+    assert [(r.details["target"], r.outcome) for r in recs] == [("web/api-0", "done")]
+    assert ("web", "api-0") not in kube.pods and w.store.queued() == []
+
+
+def test_uncordon_and_untaint_on_repair(tmp_path: Path, kube: FakeKube) -> None:
+    kube.nodes["gpu-node-002"]["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "x", "effect": "NoSchedule"}]
+    w = worker(tmp_path, kube)
+    inc = incident("gpu-node-002", "pcie_fatal")
+    w.handle(inc)
+    assert kube.nodes["gpu-node-002"]["spec"]["unschedulable"] is True
+    [t] = w.tickets.list()
+    with w.store.tx():
+        w.tickets.set_state(t.id, "repaired", w.clock())
+    w.handle(incident("gpu-node-002", "pcie_fatal", id=inc.id, state="resolved", update_seq=1))
+    node = kube.nodes["gpu-node-002"]
+    assert node["spec"]["unschedulable"] is False
+    assert node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "x", "effect": "NoSchedule"}]
+    assert "fleethealth.io/drain-reason" not in node["metadata"]["annotations"]
+
+
+def test_unknown_node_404_is_a_clear_failure_record(tmp_path: Path, kube: FakeKube) -> None:
+    with pytest.raises(NodeNotFound, match='HTTP 404 NotFound: nodes "ghost" not found'):
+        sched(kube).node_state("ghost")
+    w = worker(tmp_path, kube)
+    rec = w.handle(incident("ghost", "pcie_fatal"))[0]
+    assert (rec.kind, rec.outcome) == ("drain", "failed") and 'nodes "ghost" not found' in rec.reason
+
+
+def test_operator_cordon_is_left_alone(tmp_path: Path, kube: FakeKube) -> None:
+    kube.nodes["gpu-node-003"]["spec"]["unschedulable"] = True  # kubectl cordon by a person
+    w = worker(tmp_path, kube)
+    rec = w.handle(incident("gpu-node-003", "pcie_fatal"))[0]
+    assert rec.outcome == "refused" and "operator drain" in rec.reason
+    assert "taints" not in kube.nodes["gpu-node-003"]["spec"]
+
+
+def test_cluster_size_from_api(kube: FakeKube) -> None:
+    assert sched(kube).cluster_size() == 4
