@@ -130,7 +130,9 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
 
 
 def run(paths: list[str], *, as_json: bool = False, host: str | None = None, rules_path: str | None = None,
-        out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+        out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
     rules = load_rules(Path(rules_path)) if rules_path else default_rules()
     worst = 0
     for p in paths:

@@ -59,6 +59,8 @@ def parse(text: str) -> Parsed:
             out.facts.append(Fact("aer_recovery_failed", _pci_in(msg), {}, line.strip()))
         if mce.is_mce_line(msg):
             mce_lines.append(msg)
+        elif mce.is_mce_line(line):  # a prefix split that ate the "EDAC MCn:" tag: keep the raw line
+            mce_lines.append(line.strip())
     out.facts.extend(mce.decode_kernel_mce(mce_lines))
     if matched == 0 and not out.facts and not _looks_like_log(text):
         raise ParseError(FORMAT, "no line has a kernel-log prefix or a known kernel message")
