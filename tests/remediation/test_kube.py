@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from prometheus_client import generate_latest
 
 from remediation.kube import TAINT_KEY, KubernetesScheduler
 from remediation.scheduler import NodeNotFound
@@ -56,6 +57,10 @@ def test_cordon_taint_evict_and_pdb_429_is_queued_then_retried(tmp_path: Path, k
     assert ("web", "api-0") in kube.pods and ("train", "job-0") not in kube.pods
 
     assert w.tick() == []  # still blocked by the PDB: stays queued, no new record
+    m = generate_latest(w.metrics.registry).decode()
+    assert "fleethealth_remediation_drained_nodes 1.0" in m and "fleethealth_remediation_queued_actions 1.0" in m
+    assert 'fleethealth_remediation_actions_total{kind="drain",outcome="queued"} 1.0' in m
+    assert 'fleethealth_tickets_open{age_bucket="lt_1d"} 1.0' in m
     kube.add_pod("web", "api-2", "gpu-node-003", {"app": "api"})  # replacement scheduled elsewhere
     recs = w.tick()
     assert [(r.details["target"], r.outcome) for r in recs] == [("web/api-0", "done")]
