@@ -76,7 +76,10 @@ def draw_duration(mode: str, rng: np.random.Generator) -> float:
 
 def reboot_after_quiet(c: Ctx, f: Fault, at: int, quiet_s: float, *, new_gpu: int | None = None) -> int:
     """The host goes quiet at ``at`` for ``quiet_s`` (repair, reboot) and comes back fresh."""
-    back = at + c.ticks(quiet_s)
+    if f.end_tick >= c.tl.ticks:  # still broken when the recording ends: no repair in view
+        return f.end_tick
+    at = max(at, f.onset_tick + 2)  # the fault shows before the repair takes the host away
+    back = max(at + c.ticks(quiet_s), f.end_tick)
 
     def go_quiet(hs: HostState, ts: float) -> None:
         hs.quiet_until = back
@@ -395,7 +398,7 @@ def bad_cable(c: Ctx, f: Fault, *, fails: bool | None = None, flap_every: float 
     p = f.port
     assert p is not None
     lam = float(np.exp(c.rng.uniform(np.log(5), np.log(500))))
-    every = flap_every or float(c.rng.uniform(10, 60))  # polls between flaps
+    every = flap_every or float(c.rng.uniform(4, 20))  # polls between flaps
     fails = bool(c.rng.random() < 0.4) if fails is None else fails
     fail_at = f.onset_tick + int((f.end_tick - f.onset_tick) * 0.6) if fails else None
     slow = bool(c.rng.random() < 0.3)

@@ -1,0 +1,195 @@
+"""Every failure mode appears, and each fault leaves its documented evidence in the telemetry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from fleethealth.schema import GpuSample, Sample
+from fleethealth.taxonomy import FAULT_LABELS
+
+HW_XIDS = {62, 109, 140, 143, 158}
+
+
+def _gpu(s: Sample, uuid: str) -> GpuSample | None:
+    return next((g for g in s.gpus if g.uuid == uuid), None)
+
+
+def _gpu_by_pci(s: Sample, addr: str) -> GpuSample | None:
+    bus = addr.split(":")[1].upper()
+    return next((g for g in s.gpus if g.pci_bus_id.split(":")[1] == bus), None)
+
+
+def _xids(win: list[Sample], uuid: str) -> set[int]:
+    return {x.xid for s in win for g in s.gpus if g.uuid == uuid for x in g.xids}
+
+
+def _lines(win: list[Sample]) -> list[str]:
+    return [e.line for s in win for e in s.kernel_events]
+
+
+def _ecc(s: Sample, uuid: str, field: str) -> int:
+    g = _gpu(s, uuid)
+    return getattr(g.ecc, field) if g and g.ecc else 0
+
+
+def _rises(before: Sample | None, win: list[Sample], value: Callable[[Sample], int]) -> int:
+    start = value(before) if before is not None else 0
+    return max((value(s) for s in win), default=start) - start
+
+
+def _port(s: Sample, comp: str):  # type: ignore[no-untyped-def]
+    dev = comp.split("/")[0]
+    return next(p for p in s.net_ports if p.device == dev)
+
+
+def _dimm(s: Sample, label: str):  # type: ignore[no-untyped-def]
+    return next(d for mc in s.edac for d in mc.dimms if d.label == label)
+
+
+def check(t: dict, before: Sample | None, win: list[Sample], after: list[Sample]) -> str | None:
+    """None when the evidence is there, else what is missing."""
+    m, c = t["failure_mode"], t["component"]
+    lines = _lines(win)
+    if m == "gpu_fell_off_bus":
+        if not any(": 79, " in ln and "NVRM: Xid" in ln for ln in lines) or 79 not in _xids(win, c):
+            return "no Xid 79"
+        lost = [s for s in win if ((g := _gpu(s, c)) is None and len(s.gpus) < s.expected_gpus)
+                or (g is not None and not g.present and g.nvml_error == "GPU_IS_LOST")]
+        if not lost:
+            return "GPU not lost afterwards"
+    elif m == "gpu_dram_uce":
+        if _rises(before, win, lambda s: _ecc(s, c, "dram_uncorrected_volatile")) < 1 and not {48, 95} & _xids(win, c):
+            return "no DRAM UCE increment / Xid 48"
+    elif m == "gpu_row_remap_failure":
+        if 64 not in _xids(win, c) or not any((g := _gpu(s, c)) and g.remapped_rows.failure for s in win):
+            return "no Xid 64 / failure flag"
+    elif m == "gpu_row_remap_pending":
+        if not any((g := _gpu(s, c)) and g.remapped_rows.pending for s in win):
+            return "no pending flag"
+        if after and any((g := _gpu(s, c)) and g.remapped_rows.pending for s in after[:1]):
+            return "pending did not clear after the reset"
+    elif m == "gpu_sram_uce":
+        if _rises(before, win, lambda s: _ecc(s, c, "sram_uncorrected_volatile")) < 1 or not {94, 95} & _xids(win, c):
+            return "no SRAM UCE increment with Xid 94/95"
+    elif m == "gpu_ecc_sbe_storm":
+        if _rises(before, win, lambda s: _ecc(s, c, "dram_corrected_volatile")) < 5 * len(win):
+            return "CE rate not far above baseline"
+    elif m == "gpu_hw_error":
+        if not HW_XIDS & _xids(win, c):
+            return "no hardware Xid"
+    elif m == "gpu_nvlink_error":
+        if 74 not in _xids(win, c) or _rises(before, win, lambda s: sum(_gpu(s, c).nvlink.crc_flit) if _gpu(s, c) else 0) < 1:  # type: ignore[union-attr]
+            return "no Xid 74 with CRC counters rising"
+    elif m == "gpu_gsp_error":
+        if 119 not in _xids(win, c):
+            return "no Xid 119"
+    elif m == "gpu_thermal":
+        if not any((g := _gpu(s, c)) and g.clocks_event_reasons & 0x60 and g.temperature_c > 45 for s in win):
+            return "no thermal slowdown bits"
+    elif m == "pcie_link_degraded":
+        if not any((g := _gpu_by_pci(s, c)) and g.pcie and g.pcie.width_current == 8 for s in win):
+            return "width not x8"
+        if _rises(before, win, lambda s: (g.pcie.replay_counter if (g := _gpu_by_pci(s, c)) and g.pcie else 0)) < 10:
+            return "replay counter not rising"
+    elif m == "pcie_fatal":
+        if not any(f"nvidia {c}: PCIe Bus Error: severity=Uncorrected" in ln for ln in lines):
+            return "no AER uncorrectable line"
+        tot = lambda s: sum(a.fatal.get("TOTAL_ERR_FATAL", 0) + a.nonfatal.get("TOTAL_ERR_NONFATAL", 0)  # noqa: E731
+                            for a in s.aer if a.pci_addr == c)
+        if _rises(before, win, tot) < 1:
+            return "no AER uncorrectable counter"
+    elif m == "net_link_bad_cable":
+        if _rises(before, win, lambda s: _port(s, c).counters["symbol_error"]) < 1:
+            return "no symbol errors"
+        if _rises(before, win, lambda s: _port(s, c).counters["link_downed"]) < 1:
+            return "no link_downed"
+    elif m == "net_link_down":
+        if not any(_port(s, c).state == "DOWN" and _port(s, c).phys_state in ("Polling", "Disabled") for s in win):
+            return "port never DOWN"
+    elif m == "host_dram_uce":
+        if _rises(before, win, lambda s: _dimm(s, c).ue or 0) < 1:
+            return "no EDAC UE"
+        if not any(f"UE memory read error on {c}" in ln for ln in lines) or not any("mce: [Hardware Error]" in ln for ln in lines):
+            return "no EDAC UE / MCE line"
+    elif m == "host_dram_ce_storm":
+        if _rises(before, win, lambda s: _dimm(s, c).ce or 0) < len(win):
+            return "DIMM CE not storming"
+    elif m == "host_unreachable":
+        if win[1:]:
+            return f"{len(win) - 1} samples while unreachable"
+    elif m == "app_error":
+        x = _xids(win, c)
+        if not {13, 31, 43} & x or 45 not in x:
+            return "no application Xid followed by 45"
+    else:
+        return f"unchecked mode {m}"
+    return None
+
+
+def test_every_mode_has_its_evidence(every_mode_run) -> None:  # type: ignore[no-untyped-def]
+    run = every_mode_run
+    iv = run.spec.interval_s
+    seen = set()
+    problems = []
+    for t in run.truth:
+        samples = run.by_host[t["host"]]
+        before = [s for s in samples if s.ts < t["onset"]]
+        win = [s for s in samples if t["onset"] <= s.ts < t["end"] + (0 if t["failure_mode"] == "host_unreachable" else iv)]
+        after = [s for s in samples if s.ts >= t["end"] + iv]
+        if not win and t["failure_mode"] != "host_unreachable":
+            problems.append((t["id"], t["failure_mode"], "no samples in the window"))
+            continue
+        why = check(t, before[-1] if before else None, win, after)
+        if why:
+            problems.append((t["id"], t["failure_mode"], why))
+        seen.add(t["failure_mode"])
+    assert not problems, problems
+    assert seen == set(FAULT_LABELS)
+
+
+def test_co_occurrences(every_mode_run) -> None:  # type: ignore[no-untyped-def]
+    """Xid 48 with Xid 63 or 64; Xid 79 with AER uncorrectable on the same GPU in some faults."""
+    lines = [e.line for s in every_mode_run.samples for e in s.kernel_events]
+    assert any(": 63, " in ln for ln in lines) and any(": 48, " in ln for ln in lines)
+    aer79 = [t for t in every_mode_run.truth if t["failure_mode"] == "gpu_fell_off_bus" and "pcie_fatal" in t["secondary"]]
+    assert aer79 or len([t for t in every_mode_run.truth if t["failure_mode"] == "gpu_fell_off_bus"]) < 3
+
+
+def test_benign_noise_is_not_in_the_truth(every_mode_run) -> None:  # type: ignore[no-untyped-def]
+    """Reboots and maintenance (new boot_id, quiet hosts) happen outside any labelled fault."""
+    import json
+
+    meta = json.loads(every_mode_run.out.with_name("every.meta.json").read_text())
+    assert set(meta["benign_events"]) >= {"reboot", "maintenance", "driver_reload", "single_link_flap"}
+
+
+@pytest.mark.parametrize("scenario", ["flapping-cable", "sbe-storm-no-uce"])
+def test_hard_case_scenarios(tmp_path, scenario: str) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from collectors.fleetsim.engine import simulate, truth_path
+    from collectors.fleetsim.plan import RunSpec
+    from fleethealth.bus import read_values
+    from fleethealth.schema import decode_sample
+
+    out = tmp_path / "s.jsonl"
+    simulate(RunSpec(hosts=8, duration_s=4 * 3600, interval_s=120, seed=2, fault_rate=1, scenario=scenario), out)
+    truth = [json.loads(x) for x in truth_path(out).read_text().splitlines()]
+    samples = [decode_sample(b) for b in read_values(out)]
+    if scenario == "flapping-cable":
+        cables = [t for t in truth if t["failure_mode"] == "net_link_bad_cable"]
+        assert len(cables) >= 2
+        for t in cables:
+            downs = [_port(s, t["component"]).counters["link_downed"] for s in samples if s.host == t["host"]
+                     and s.ts < t["end"]]
+            assert max(downs) - downs[0] >= 2, "flapped more than once"
+    else:
+        storms = [t for t in truth if t["failure_mode"] == "gpu_ecc_sbe_storm"]
+        assert len(storms) >= 2
+        assert not [t for t in truth if t["failure_mode"] in ("gpu_dram_uce", "gpu_row_remap_failure")
+                    and (t["host"], t["component"]) in {(s["host"], s["component"]) for s in storms}]
+        for t in storms:
+            ue = [_ecc(s, t["component"], "dram_uncorrected_volatile") for s in samples if s.host == t["host"]]
+            assert max(ue) == 0
