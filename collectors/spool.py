@@ -39,39 +39,44 @@ class Spool:
             (int(p.stem.split("-")[1]), p) for p in self.dir.glob("seg-*.spool")
         )
         self._counts: dict[Path, int] = {p: self._count(p) for _, p in self._segments}
-        cur = self._load_cursor()
-        self._read_seg, self._read_rec = cur
+        self._read_seg, self._read_rec, self._read_off = self._load_cursor()
+        self._peek_sizes: list[int] = []
         self._next = (self._segments[-1][0] + self._counts[self._segments[-1][1]]) if self._segments else 0
         self._fh = None
 
     # ------------------------------------------------------------------ persistence
 
-    def _load_cursor(self) -> tuple[int, int]:
+    def _load_cursor(self) -> tuple[int, int, int]:
         try:
             d = json.loads(self._cursor_path.read_text())
-            return int(d["segment"]), int(d["record"])
+            return int(d["segment"]), int(d["record"]), int(d.get("offset", -1))
         except (OSError, ValueError, KeyError, TypeError):
-            return (self._segments[0][0] if self._segments else 0), 0
+            return (self._segments[0][0] if self._segments else 0), 0, 0
 
     def _save_cursor(self) -> None:
         tmp = self._cursor_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"segment": self._read_seg, "record": self._read_rec}))
+        tmp.write_text(json.dumps({"segment": self._read_seg, "record": self._read_rec, "offset": self._read_off}))
         os.replace(tmp, self._cursor_path)
 
-    def _records(self, path: Path) -> list[tuple[str, bytes]]:
+    def _records(self, path: Path, offset: int = 0, limit: int | None = None,
+                 sizes: list[int] | None = None) -> list[tuple[str, bytes]]:
         out: list[tuple[str, bytes]] = []
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
         except FileNotFoundError:
             return out
         pos = 0
-        while pos + _HEAD.size <= len(data):
+        while pos + _HEAD.size <= len(data) and (limit is None or len(out) < limit):
             n, crc, klen = _HEAD.unpack_from(data, pos)
             body = data[pos + _HEAD.size: pos + _HEAD.size + n]
             if len(body) != n or zlib.crc32(body) != crc or klen > n:
                 self.corrupt += 1
                 break
             out.append((body[:klen].decode(errors="replace"), bytes(body[klen:])))
+            if sizes is not None:
+                sizes.append(_HEAD.size + n)
             pos += _HEAD.size + n
         return out
 
@@ -124,7 +129,7 @@ class Spool:
             self.dropped += max(0, unsent)
             path.unlink(missing_ok=True)
             if first >= self._read_seg:
-                self._read_seg, self._read_rec = self._segments[0][0], 0
+                self._read_seg, self._read_rec, self._read_off = self._segments[0][0], 0, 0
                 self._save_cursor()
             log.warning("spool over its bound: dropped the oldest segment", extra={"records": unsent})
 
@@ -151,12 +156,19 @@ class Spool:
             if self._fh is not None:
                 self._fh.flush()
             out: list[tuple[str, bytes]] = []
+            self._peek_sizes = []
             for first, path in self._segments:
                 if first < self._read_seg:
                     continue
-                recs = self._records(path)
-                skip = self._read_rec if first == self._read_seg else 0
-                out.extend(recs[skip: skip + limit - len(out)])
+                if first == self._read_seg:
+                    if self._read_off < 0:  # old cursor without a byte offset: find it by counting
+                        sizes: list[int] = []
+                        self._records(path, 0, self._read_rec, sizes)
+                        self._read_off = sum(sizes)
+                    recs = self._records(path, self._read_off, limit - len(out), self._peek_sizes)
+                else:
+                    recs = self._records(path, 0, limit - len(out), self._peek_sizes)
+                out.extend(recs)
                 if len(out) >= limit:
                     break
             return out
@@ -167,19 +179,21 @@ class Spool:
             while n > 0 and self._segments:
                 idx = next((i for i, (f, _) in enumerate(self._segments) if f == self._read_seg), None)
                 if idx is None:
-                    self._read_seg, self._read_rec = self._segments[0][0], 0
+                    self._read_seg, self._read_rec, self._read_off = self._segments[0][0], 0, 0
                     continue
                 first, path = self._segments[idx]
                 left = self._counts.get(path, 0) - self._read_rec
                 take = min(n, left)
                 self._read_rec += take
+                self._read_off += sum(self._peek_sizes[:take])
+                self._peek_sizes = self._peek_sizes[take:]
                 n -= take
                 last = idx == len(self._segments) - 1
                 if self._read_rec >= self._counts.get(path, 0) and not last:
                     self._segments.pop(idx)
                     self._counts.pop(path, None)
                     path.unlink(missing_ok=True)
-                    self._read_seg, self._read_rec = self._segments[idx][0], 0
+                    self._read_seg, self._read_rec, self._read_off = self._segments[idx][0], 0, 0
                 elif take == 0:
                     break
             self._save_cursor()
