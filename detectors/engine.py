@@ -1,0 +1,219 @@
+"""The detector engine: per-host state + rules + registered detectors -> incident episodes.
+
+    engine = DetectorEngine(RuleSet.load(), extra_detectors=[...])
+    incidents = engine.feed(sample)      # open / updated / resolved Incidents
+    incidents += engine.tick(now_ts)     # staleness and quiet periods, driven by sample time
+
+Precedence (data: ``detectors/precedence.yaml``; prose: docs/detectors.md): rules are evaluated
+first; a model finding on a component a rule already speaks for is folded in as evidence; a model
+may raise a mode no rule raised, at capped confidence; superseding modes (a GPU that fell off the
+bus) absorb their sympathetic findings; ``app_error`` never recommends more than annotate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detectors.episodes import IncidentEpisodes
+from detectors.finding import Detector, Finding
+from detectors.rulefile import RuleError
+from detectors.ruleset import RuleSet
+from detectors.state import Admission, HostState
+from fleethealth.schema import Evidence, Incident, Sample
+from fleethealth.taxonomy import FAULT_LABELS, MODES, parse_mode
+
+log = logging.getLogger(__name__)
+UNREACHABLE = "host_unreachable"
+
+
+@dataclass(slots=True)
+class Precedence:
+    model_max_confidence: float = 0.8
+    never_drain: dict[str, list[str]] = field(default_factory=dict)
+    # superseding mode -> (scope, modes it absorbs)
+    supersedes: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)  # superseding modes sort first in a sample
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Precedence:
+        name = str(path) if path else "detectors/precedence.yaml"
+        text = path.read_text() if path else resources.files("detectors").joinpath("precedence.yaml").read_text()
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise RuleError(f"{name}:{mark.line + 1 if mark else 1}: not valid YAML") from None
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        lines = {k.value: v.start_mark.line + 1 for k, v in root.value} if root is not None else {}
+        p = cls(float(raw.get("model_max_confidence", 0.8)), dict(raw.get("never_drain") or {}))
+        for i, entry in enumerate(raw.get("supersedes") or []):
+            modes = [entry.get("mode"), *entry.get("over", [])]
+            bad = [m for m in modes if m not in FAULT_LABELS]
+            if bad or entry.get("scope") not in ("component", "host"):
+                raise RuleError(f"{name}:{lines.get('supersedes', 1)}: supersedes entry {i + 1}: "
+                                f"unknown mode(s) {bad} or scope not component|host")
+            p.supersedes[entry["mode"]] = (entry["scope"], frozenset(entry.get("over", [])))
+            p.order[entry["mode"]] = -1
+        for m in p.never_drain:
+            if m not in FAULT_LABELS:
+                raise RuleError(f"{name}:{lines.get('never_drain', 1)}: never_drain: unknown mode {m!r}")
+        return p
+
+
+class DetectorEngine:
+    """Feed samples in per-host order (any interleaving of hosts); get incidents back."""
+
+    def __init__(self, rules: RuleSet | None = None, extra_detectors: Iterable[Detector] = (), *,
+                 update_every_s: float = 60.0, tick_every_s: float = 10.0,
+                 precedence: Precedence | None = None) -> None:
+        self.rules = rules if rules is not None else RuleSet.load()
+        self.extra = list(extra_detectors)
+        self.precedence = precedence or Precedence.load()
+        self.episodes = IncidentEpisodes(update_every_s)
+        self.hosts: dict[str, HostState] = {}
+        self.tick_every_s = tick_every_s
+        self.fleet_ts = 0.0
+        self._last_tick = 0.0
+        self.stats: Counter[str] = Counter()
+        st = self.rules.staleness
+        self.stale_intervals = float(st.params["intervals"]) if st else 0.0
+        self.stale_min_s = float(st.params.get("min_s", 0)) if st else 0.0
+        self._quiet = {s.id: s.quiet_s for s in self.rules.specs}
+
+    # ------------------------------------------------------------------ feeding
+
+    def feed(self, sample: Sample) -> list[Incident]:
+        out: list[Incident] = []
+        st = self.hosts.get(sample.host)
+        if st is None:
+            st = self.hosts[sample.host] = HostState(sample.host, sample.cluster, sample.rack)
+        skip = Admission.admit(st, sample.seq, sample.ts, sample.boot_id, sample.driver_version)
+        if skip:
+            self.stats[skip] += 1
+            return out
+        self.stats["samples"] += 1
+        ts = sample.ts
+        if self.episodes.has_open(sample.host, "host", frozenset({UNREACHABLE})):
+            out.extend(self.episodes.clear(sample.host, ts, "telemetry resumed", "host"))
+        if st.epoch_changed:
+            out.extend(self.episodes.clear(sample.host, ts, "reboot or driver reload cleared it"))
+        findings: list[Finding] = []
+        self.rules.evaluate(st, sample, findings)
+        for d in self.extra:
+            try:
+                findings.extend(d.feed(sample))
+            except Exception:  # a broken model must not stop the rules
+                self.stats["detector_errors"] += 1
+                log.exception("detector %s failed on a sample from %s", getattr(d, "name", d), sample.host)
+        if findings:
+            out.extend(self._combine(findings))
+        out.extend(self.episodes.expire(sample.host, ts))
+        if ts > self.fleet_ts:
+            self.fleet_ts = ts
+            if ts - self._last_tick >= self.tick_every_s:
+                out.extend(self.tick(ts))
+        return out
+
+    def detect(self, sample: Sample) -> list[Finding]:
+        """Raw findings for one sample (state advances; no episodes): for tests and diagnose-like use."""
+        st = self.hosts.setdefault(sample.host, HostState(sample.host, sample.cluster, sample.rack))
+        if Admission.admit(st, sample.seq, sample.ts, sample.boot_id, sample.driver_version):
+            return []
+        out: list[Finding] = []
+        self.rules.evaluate(st, sample, out)
+        for d in self.extra:
+            out.extend(d.feed(sample))
+        return out
+
+    def _combine(self, findings: list[Finding]) -> list[Incident]:
+        p = self.precedence
+        out: list[Incident] = []
+        findings.sort(key=lambda f: (p.order.get(f.failure_mode, 0), f.detector.startswith("model:")))
+        for f in findings:
+            self.stats["findings." + f.failure_mode] += 1
+            if f.failure_mode in p.never_drain:
+                f.recommended_action = list(p.never_drain[f.failure_mode])
+                f.severity = MODES[parse_mode(f.failure_mode)].severity.value
+            absorbed = self._absorbing(f)
+            if absorbed is not None:
+                self.stats["absorbed"] += 1
+                inc = self.episodes.observe(absorbed)
+                if inc is not None:
+                    out.append(inc)
+                continue
+            if f.detector.startswith("model:"):
+                if self.episodes.has_open(f.host, f.component) and not self.episodes.has_open(
+                        f.host, f.component, frozenset({f.failure_mode})):
+                    self.stats["model_folded"] += 1
+                    continue  # a rule already speaks for this component: the model does not overrule it
+                f.confidence = min(f.confidence, p.model_max_confidence)
+            inc = self.episodes.observe(f, self._quiet.get(f.detector))
+            if inc is not None:
+                out.append(inc)
+        return out
+
+    def _absorbing(self, f: Finding) -> Finding | None:
+        """If an open superseding episode absorbs f, return a finding that adds f as its evidence."""
+        for key in self.episodes.open_keys(f.host):
+            _, comp, mode = key
+            rule = self.precedence.supersedes.get(mode)
+            if rule is None or f.failure_mode not in rule[1]:
+                continue
+            if rule[0] == "component" and comp != f.component:
+                continue
+            ev = [Evidence(fact=f"[{f.failure_mode} absorbed from {f.component}] {e.fact}", ts=e.ts, line=e.line)
+                  for e in f.evidence]
+            ep = self.episodes.open[key]
+            return Finding(f.host, comp, mode, ep.severity, ep.confidence, ep.detector, f.ts, ev, [],
+                           cluster=f.cluster, rack=f.rack)
+        return None
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self, now_ts: float) -> list[Incident]:
+        """Staleness and quiet periods at fleet time ``now_ts`` (max sample ts, or wall clock when live)."""
+        self._last_tick = now_ts
+        out: list[Incident] = []
+        if self.stale_intervals > 0:
+            spec = self.rules.staleness
+            assert spec is not None
+            for host in sorted(self.hosts):
+                st = self.hosts[host]
+                limit = max(self.stale_intervals * (st.interval_s or 0.0), self.stale_min_s)
+                age = now_ts - st.last_ts
+                if st.samples and age > limit and not self.episodes.has_open(host, "host", frozenset({UNREACHABLE})):
+                    fact = spec.evidence.format_map(_Facts(age_s=round(age), count=round(age / st.interval_s)
+                                                           if st.interval_s else "?", host=host))
+                    f = Finding(host, "host", UNREACHABLE, spec.severity, spec.confidence, spec.id, now_ts,
+                                [Evidence(fact=fact, ts=now_ts)], [], cluster=st.cluster, rack=st.rack)
+                    inc = self.episodes.observe(f, 1e12)
+                    if inc is not None:
+                        out.append(inc)
+        out.extend(self.episodes.expire_all(now_ts))
+        return out
+
+    def reset(self) -> None:
+        self.hosts.clear()
+        self.episodes = IncidentEpisodes(self.episodes.update_every_s)
+        self.fleet_ts = self._last_tick = 0.0
+        self.stats.clear()
+        self.rules.reset()
+        for d in self.extra:
+            d.reset()
+
+    def forget_host(self, host: str) -> None:
+        """Drop a host's state (its partition moved to another worker after a rebalance)."""
+        self.hosts.pop(host, None)
+
+
+class _Facts(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "?"

@@ -1,0 +1,197 @@
+"""Per-host state: counter deltas that survive resets and wraps, event windows, flapping,
+persistence, staleness and fleet baselines. Pure values in, values out; time is always the
+sample's timestamp, never the wall clock, so a replay behaves exactly like live traffic.
+
+Memory is bounded per host: windows keep only non-zero increments and merge their oldest entries
+past ``MAX_WINDOW_EVENTS``; per-component maps are keyed by the finite set of components a host
+reports (bounded by the schema's list limits).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+U32 = 1 << 32
+U64 = 1 << 64
+# Values that mean "at least this many": the counter stopped counting (IB PMA counters are 8/16/32
+# bit and saturate; NVML and sysfs report all-ones for "unavailable" on some devices).
+SATURATED = frozenset({0xFF, 0xFFFF, U32 - 1, U64 - 1})
+_WRAP_NEAR = {32: U32 - (1 << 28), 64: U64 - (1 << 60)}
+MAX_WINDOW_EVENTS = 256
+
+
+@dataclass(slots=True)
+class CounterStep:
+    """The outcome of one counter observation."""
+
+    delta: int
+    note: str = ""  # "", "baseline", "reset", "wrap", "saturated"
+
+
+def counter_delta(prev: int | None, new: int | None, *, epoch_changed: bool = False) -> CounterStep:
+    """How much a raw counter advanced between two observations.
+
+    * first sight (``prev`` is None): baseline, delta 0;
+    * backwards: a reset (reboot, driver reload, GPU reset, counter clear) — new baseline and the
+      new value counts as the increase since the reset; except near 2^32 / 2^64 where it is a wrap
+      (never across a boot or driver change: then it is always a reset);
+    * a saturated value (255, 65535, 2^32-1, 2^64-1) counts once as "at least" and then stays quiet.
+    """
+    if new is None:
+        return CounterStep(0, "missing")
+    if prev is None:
+        return CounterStep(0, "baseline")
+    if new >= prev:
+        if new == prev:
+            return CounterStep(0)
+        return CounterStep(new - prev, "saturated" if new in SATURATED else "")
+    if prev in SATURATED:
+        return CounterStep(new, "reset")  # a saturated counter does not wrap: it was cleared
+    if not epoch_changed:
+        for bits, near in _WRAP_NEAR.items():
+            if near <= prev < (1 << bits) and new < (1 << (bits - 4)):
+                return CounterStep((1 << bits) - prev + new, "wrap")
+    return CounterStep(new, "reset")
+
+
+class EventWindow:
+    """Increments with their timestamps, summed over a trailing window (sample time)."""
+
+    __slots__ = ("events", "total")
+
+    def __init__(self) -> None:
+        self.events: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def add(self, ts: float, n: int) -> None:
+        if n <= 0:
+            return
+        self.events.append((ts, n))
+        self.total += n
+        if len(self.events) > MAX_WINDOW_EVENTS:
+            (t0, a), (_, b) = self.events.popleft(), self.events.popleft()
+            self.events.appendleft((t0, a + b))  # merge the two oldest: bounded, sum kept
+
+    def sum(self, now: float, window_s: float) -> int:
+        cut = now - window_s
+        ev = self.events
+        while ev and ev[0][0] <= cut:
+            self.total -= ev.popleft()[1]
+        return self.total
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.total = 0
+
+
+class FlapCounter:
+    """State changes within a trailing window."""
+
+    __slots__ = ("last", "changes")
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.changes: deque[float] = deque(maxlen=MAX_WINDOW_EVENTS)
+
+    def observe(self, ts: float, value: Any, window_s: float) -> int:
+        if self.last is not None and value != self.last:
+            self.changes.append(ts)
+        self.last = value
+        cut = ts - window_s
+        while self.changes and self.changes[0] <= cut:
+            self.changes.popleft()
+        return len(self.changes)
+
+
+@dataclass(slots=True)
+class HostState:
+    """Everything the rules remember about one host."""
+
+    host: str
+    cluster: str = "default"
+    rack: str = ""
+    last_seq: int = -1
+    last_ts: float = 0.0
+    boot_id: str = ""
+    driver: str = ""
+    epoch_changed: bool = False  # this sample starts a new boot / driver epoch
+    interval_s: float = 0.0  # EWMA of the poll interval
+    samples: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+    resets: int = 0
+    # (scope, component) -> that component's rule memory (a list of slots, see detectors.ruleset)
+    slots: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
+    pos: list[list[Any]] = field(default_factory=list)  # per scope: component memory by position
+    snapshot: bool = False  # stateless evaluation: counters count from zero
+    notes: list[str] = field(default_factory=list)  # bounded: last few state notes
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if len(self.notes) > 16:
+            del self.notes[:-16]
+
+
+class Admission:
+    """Order guard: drop duplicates and out-of-order samples (by seq), note epoch changes."""
+
+    DROP_DUPLICATE = "duplicate"
+    DROP_STALE = "out_of_order"
+
+    @staticmethod
+    def admit(st: HostState, seq: int, ts: float, boot_id: str, driver: str) -> str:
+        """Return "" to process the sample, or the reason to skip it (and count it)."""
+        new_epoch = bool(st.samples) and ((boot_id and boot_id != st.boot_id) or (driver and driver != st.driver))
+        if not new_epoch and st.samples:
+            if seq == st.last_seq:
+                st.duplicates += 1
+                return Admission.DROP_DUPLICATE
+            if seq < st.last_seq:
+                st.out_of_order += 1
+                return Admission.DROP_STALE
+        if st.samples and ts > st.last_ts:
+            gap = ts - st.last_ts
+            st.interval_s = gap if st.interval_s == 0 else 0.8 * st.interval_s + 0.2 * min(gap, 10 * st.interval_s)
+        st.epoch_changed = new_epoch
+        if new_epoch:
+            st.resets += 1
+            st.note(f"epoch change at ts={ts:.0f}: boot_id {st.boot_id!r}->{boot_id!r}, "
+                    f"driver {st.driver!r}->{driver!r}; counters re-baselined")
+        st.last_seq, st.last_ts = seq, max(ts, st.last_ts)
+        st.boot_id, st.driver = boot_id or st.boot_id, driver or st.driver
+        st.samples += 1
+        return ""
+
+
+class FleetBaseline:
+    """Per-component rates across the hosts this worker owns; percentiles recomputed at most
+    every ``refresh_s`` of sample time (a worker sees its partitions' hosts: a fleet sample)."""
+
+    def __init__(self, refresh_s: float = 60.0) -> None:
+        self.rates: dict[tuple[str, str], float] = {}
+        self.refresh_s = refresh_s
+        self._cache: dict[float, float] = {}
+        self._at = -1e18
+
+    def set(self, host: str, component: str, rate: float) -> None:
+        if rate > 0:
+            self.rates[(host, component)] = rate
+        else:
+            self.rates.pop((host, component), None)
+
+    def percentile(self, q: float, now: float, population: int) -> float:
+        """Rate at percentile q over ``population`` components (zeros are implicit)."""
+        if now - self._at >= self.refresh_s:
+            self._cache.clear()
+            self._at = now
+        if q in self._cache:
+            return self._cache[q]
+        vals = sorted(self.rates.values())
+        n = max(population, len(vals))
+        zeros = n - len(vals)
+        idx = int(q / 100.0 * (n - 1))
+        v = 0.0 if idx < zeros else vals[idx - zeros]
+        self._cache[q] = v
+        return v
