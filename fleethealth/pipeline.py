@@ -72,9 +72,10 @@ def _progress(total: int | None, quiet: bool) -> Any:
                 desc="run", mininterval=0.5)
 
 
-def run(opts: RunOptions, *, ready: Any = None) -> RunResult:
-    """Run the pipeline to the end of the input. ``ready`` (a threading.Event) is set once the
-    exporters listen, for callers that scrape while it runs."""
+def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: Any = None) -> RunResult:
+    """Run the pipeline to the end of the input. ``ready`` (a threading.Event) is set once the exporters
+    listen; ``on_finished(result)`` is called when the input is done, before ``keep_serving``, which
+    ``stop`` (an Event) cuts short."""
     from fleethealth import run_parts
 
     if bool(opts.replay) == bool(opts.simulate):
@@ -91,7 +92,7 @@ def run(opts: RunOptions, *, ready: Any = None) -> RunResult:
     servers: list[Any] = []
     try:
         if opts.exporter_port:
-            servers.append(run_parts.serve([fleet_exporter], opts.exporter_port))
+            servers.append(run_parts.serve_cached([fleet_exporter], opts.exporter_port))
         if opts.metrics_port:
             lag = lambda: [(g, t, bus.inner.lag(g, t)) for g, t in groups]  # noqa: E731
             fleet = FleetStateCollector(state, bus, lag=lag)
@@ -150,9 +151,14 @@ def run(opts: RunOptions, *, ready: Any = None) -> RunResult:
         result = RunResult(summary, incidents=incidents, actions=actions)
         if opts.report:
             result.report_path = write_report(summary, opts.report)
+        if on_finished is not None:
+            on_finished(result)
         if opts.keep_serving > 0 and servers:
             log.info("run finished; serving metrics for %.0f s more", opts.keep_serving)
-            time.sleep(opts.keep_serving)
+            if stop is not None:
+                stop.wait(opts.keep_serving)
+            else:
+                time.sleep(opts.keep_serving)
         return result
     finally:
         for srv in servers:

@@ -224,10 +224,12 @@ class _RegistryProxy:
 
 
 class Server:
-    def __init__(self, httpd: Any, thread: threading.Thread) -> None:
-        self.httpd, self.thread = httpd, thread
+    def __init__(self, httpd: Any, thread: threading.Thread, stop: threading.Event | None = None) -> None:
+        self.httpd, self.thread, self.stop = httpd, thread, stop
 
     def shutdown(self) -> None:
+        if self.stop is not None:
+            self.stop.set()
         self.httpd.shutdown()
 
     def server_close(self) -> None:
@@ -245,6 +247,47 @@ def serve(collectors: Iterable[Any], port: int, addr: str = "127.0.0.1") -> Serv
         raise UserError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
     log.info("serving metrics on http://%s:%d/metrics", addr, port)
     return Server(httpd, thread)
+
+
+def serve_cached(collectors: Iterable[Any], port: int, addr: str = "127.0.0.1", every_s: float = 1.0) -> Server:
+    """Serve /metrics from text rendered in the background every ``every_s``: a whole fleet's
+    per-host series take longer to render than Prometheus's 1 s scrape timeout allows."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    reg = CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        reg.register(c)
+    cache = [generate_latest(reg)]
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(every_s):
+            cache[0] = generate_latest(reg)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = cache[0]
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    try:
+        httpd = ThreadingHTTPServer((addr, port), Handler)
+    except OSError as exc:
+        raise UserError(f"cannot serve metrics on {addr}:{port}: {exc}") from exc
+    httpd.daemon_threads = True
+    threading.Thread(target=refresh, name=f"metrics-render-{port}", daemon=True).start()
+    thread = threading.Thread(target=httpd.serve_forever, name=f"metrics-{port}", daemon=True)
+    thread.start()
+    log.info("serving metrics on http://%s:%d/metrics (rendered every %g s)", addr, port, every_s)
+    return Server(httpd, thread, stop)
 
 
 # --------------------------------------------------------------------------- scoring
