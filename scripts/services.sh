@@ -143,7 +143,10 @@ kafka_start() {
     return 0
   fi
   if port_open 9092 || port_open 9093; then
-    die "kafka: port 9092/9093 is in use by a process this script did not start"
+    # Another checkout's (or someone's) broker: use it if it answers, never stop it.
+    kafka_topics 20 || die "kafka: port 9092/9093 is in use by a process that is not a working broker"
+    log "kafka: reusing the broker already on $KAFKA_BOOTSTRAP (not started by this checkout; down leaves it)"
+    return 0
   fi
   t0="$(now)"
   kafka_libs
@@ -195,6 +198,8 @@ kafka_status() {
       log "kafka: process alive (pid $(cat "$SVC/kafka/kafka.pid")) but $KAFKA_BOOTSTRAP not answering"
       return 1
     fi
+  elif port_open 9092; then
+    log "kafka: something answers on $KAFKA_BOOTSTRAP (not started by this checkout)"
   else
     log "kafka: stopped"
     return 1
@@ -211,7 +216,11 @@ prometheus_up() {
     log "prometheus: already running (pid $(cat "$pidf")) on $PROM_URL"
     return 0
   fi
-  port_open 9090 && die "prometheus: port 9090 is in use by a process this script did not start"
+  if port_open 9090; then
+    prom_ready || die "prometheus: port 9090 is in use by a process that is not a ready Prometheus"
+    log "prometheus: reusing the Prometheus already on $PROM_URL (not started by this checkout; down leaves it)"
+    return 0
+  fi
   [[ -x /usr/bin/prometheus ]] || die "prometheus: /usr/bin/prometheus missing (run: scripts/services.sh deps)"
   t0="$(now)"
   if [[ "${FLEETHEALTH_SERVICES_KEEP_STATE:-0}" != 1 ]]; then
@@ -248,6 +257,8 @@ prometheus_status() {
       log "prometheus: process alive but $PROM_URL/-/ready not answering"
       return 1
     fi
+  elif prom_ready; then
+    log "prometheus: ready on $PROM_URL (not started by this checkout)"
   else
     log "prometheus: stopped"
     return 1
@@ -313,8 +324,13 @@ slurm_up() {
   [[ -x /usr/sbin/slurmctld ]] || die "slurm: slurmctld missing (run: scripts/services.sh deps)"
   munge_up
   if ! pid_alive "$ctld_pid"; then
-    port_open 6817 && die "slurm: port 6817 is in use by a slurmctld this script did not start"
     slurm_write_conf
+    if port_open 6817; then
+      slurmctld_ok || die "slurm: port 6817 is in use by a process that is not an answering slurmctld"
+      log "slurm: reusing the slurmctld already on port 6817 (not started by this checkout; down leaves it)"
+      log "slurm: export SLURM_CONF=$SLURM_CONF_FILE"
+      return 0
+    fi
     local clear=(-c)
     [[ "${FLEETHEALTH_SERVICES_KEEP_STATE:-0}" == 1 ]] && clear=()
     : >"$SLURM_DIR/slurmctld.log"
@@ -372,12 +388,16 @@ slurm_status() {
   local rc=0
   if pid_alive "$SLURM_DIR/slurmctld.pid" && slurmctld_ok; then
     log "slurm: slurmctld running (pid $(cat "$SLURM_DIR/slurmctld.pid")), SLURM_CONF=$SLURM_CONF_FILE"
+  elif [[ -f "$SLURM_CONF_FILE" ]] && slurmctld_ok; then
+    log "slurm: slurmctld answering (not started by this checkout), SLURM_CONF=$SLURM_CONF_FILE"
   else
     log "slurm: slurmctld stopped"
     rc=1
   fi
   if pid_alive "$SLURM_DIR/slurmd.pid"; then
     log "slurm: slurmd running (pid $(cat "$SLURM_DIR/slurmd.pid")), node $SLURM_HOST $(node_state "$SLURM_HOST")"
+  elif [[ -f "$SLURM_CONF_FILE" ]] && [[ "$(node_state "$SLURM_HOST")" =~ ^(idle|mixed|allocated|completing)$ ]]; then
+    log "slurm: slurmd answering (not started by this checkout), node $SLURM_HOST $(node_state "$SLURM_HOST")"
   else
     log "slurm: slurmd stopped"
     rc=1
