@@ -32,7 +32,7 @@ from fleethealth.schema import ActionRecord, Incident, decode_action, decode_inc
 log = logging.getLogger("fleethealth.pipeline")
 
 OBSERVER_GROUP = "run-observer"
-DEMO_DATASET = "replay_data/smoke-64.jsonl.gz"
+DEMO_DATASET = "replay_data/smoke-64h.jsonl.gz"
 PROMETHEUS_URL = "http://127.0.0.1:9090"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,10 +121,12 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
         t0 = time.monotonic()
         first_ts = last_ts = None
         n = 0
+        host_ts: dict[str, list[float]] = {}
         bar = _progress(source.total, opts.quiet)
         for sample in _paced(source.samples(), opts.speed):
             bus.publish(TELEMETRY, sample.host, encode(sample))
             observe_ts(sample)
+            host_ts.setdefault(sample.host, []).append(sample.ts)
             state.observe_sample(sample, received_at=time.time())
             fleet_exporter.observe(sample)
             first_ts = sample.ts if first_ts is None else first_ts
@@ -142,7 +144,7 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
 
         card, card_text = (None, "")
         if opts.score:
-            card, card_text = run_parts.score(source, incidents)
+            card, card_text = run_parts.score(source, incidents, host_ts)
         summary = RunSummary(
             source=source.describe, hosts=len(state.hosts), samples=n, wall_s=round(wall, 3),
             stream_span_s=round((last_ts or 0) - (first_ts or 0), 3), incidents=incidents, actions=actions,

@@ -293,13 +293,13 @@ def serve_cached(collectors: Iterable[Any], port: int, addr: str = "127.0.0.1", 
 # --------------------------------------------------------------------------- scoring
 
 
-def score(source: Source, incidents: list[Incident]) -> tuple[dict[str, Any] | None, str]:
+def score(source: Source, incidents: list[Incident], host_ts: dict[str, list[float]]) -> tuple[dict[str, Any] | None, str]:
     """The scorecard, from the detector part's scoring code, when the input has ground truth."""
     if not source.truth:
         return None, "no ground truth beside the input: no scorecard"
     from fleethealth.run_scoring import scorecard
 
-    return scorecard(source, incidents)
+    return scorecard(source.truth, incidents, host_ts.keys(), host_ts)
 
 
 def stream_clock() -> tuple[Callable[[Sample], None], Callable[[], float]]:
