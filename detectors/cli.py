@@ -3,9 +3,80 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 from typing import Any
+
+from fleethealth.cliutil import flag
+
+log = logging.getLogger("fleethealth.detect")
+
+DETECT_HELP = """\
+Consume fleet.telemetry.v1 as a member of a consumer group, keep per-host state (counter deltas
+across resets and wraps, rates over windows, flaps, staleness, fleet baselines), run the rules in
+detectors/rules/*.yaml (validated at start-up, file:line in every error) and any registered
+detectors, and publish incident episodes (open / updated / resolved) to fleet.incidents.v1, keyed
+by host. Offsets are committed only after a batch's incidents are flushed. Messages that do not
+decode go to fleet.deadletter.v1 with the reason. Several workers with the same --group share the
+partitions; a host's state lives with the worker that owns its partition.
+
+  fleethealth detect --bus kafka:127.0.0.1:9092 --group fleethealth-detect --metrics-port 9401
+  fleethealth detect --bus jsonl:fleet.jsonl.gz --from-beginning --exit-when-idle
+"""
 
 
 def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     _ = argparse  # subcommands are added here by the detectors part
     __import__("detectors.diagnose", fromlist=["register_diagnose"]).register_diagnose(sub)
+    p = sub.add_parser("detect", help="the streaming detectors (a Kafka consumer group)", description=DETECT_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    flag(p, "--bus", default="kafka", help="memory | jsonl:PATH | kafka[:HOST:PORT]")
+    flag(p, "--group", default="fleethealth-detect", help="consumer group name (workers of one group share partitions)")
+    flag(p, "--from-beginning", action="store_true",
+         help="a new group starts at the oldest telemetry instead of the newest")
+    flag(p, "--metrics-port", type=int, default=9401, help="Prometheus metrics on 127.0.0.1:PORT (0 = off)")
+    flag(p, "--rules", metavar="DIR", help="rule directory instead of the shipped detectors/rules")
+    flag(p, "--exit-when-idle", action="store_true", help="stop after the input has been idle for a few polls")
+    flag(p, "--with-models", action="store_true", help="also run the ML detectors of detectors.registry")
+    p.set_defaults(func=cmd_detect)
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from detectors.engine import DetectorEngine
+    from detectors.metrics import DetectMetrics
+    from detectors.ruleset import RuleSet
+    from detectors.worker import DetectWorker
+    from fleethealth.config import load_config, open_bus
+
+    rules = RuleSet.load(sorted(Path(args.rules).glob("*.yaml")) if args.rules else None)
+    extra = []
+    if args.with_models:
+        from detectors.registry import model_detectors
+
+        extra = model_detectors()
+    engine = DetectorEngine(rules, extra)
+    cfg = load_config(getattr(args, "config", None))
+    bus = open_bus(args.bus, cfg)
+    if args.bus.startswith("kafka"):
+        # KafkaBus.consumer takes auto_offset_reset; the worker asks through this adapter
+        reset = "earliest" if args.from_beginning else "latest"
+        orig = bus.consumer
+        bus.consumer = lambda topics, group: orig(topics, group, auto_offset_reset=reset)  # type: ignore[method-assign]
+    metrics = DetectMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    worker = DetectWorker(bus, engine, group=args.group, metrics=metrics)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    log.info("detect: %d rules, %d extra detectors, group %s on %s", len(rules.specs), len(extra), args.group, args.bus)
+    try:
+        stats = worker.run(max_idle_polls=4 if args.exit_when_idle else None)
+    except KeyboardInterrupt:
+        stats = worker.stats
+    finally:
+        worker.close()
+        bus.close()
+    log.info("detect: %d samples, %d incidents, %d dead letters", stats.samples, stats.incidents, stats.dead_letters)
+    print(f"{stats.samples} samples, {stats.incidents} incidents, {stats.dead_letters} dead letters")
+    return 0

@@ -99,8 +99,10 @@ def _path(spec: RuleSpec, key: str = "path") -> Any:
 
 def _step(prev: Any, new: Any, epoch: bool, absolute: bool) -> Any:
     s = counter_delta(prev, new, epoch_changed=epoch)
-    if epoch and s.note == "reset" and not absolute:
-        s.delta = 0  # after a reboot / driver reload only "since driver load" counters count from zero
+    if epoch and not absolute:
+        # across a reboot / driver reload a counter restarts and link training bumps some (IB
+        # link_downed): re-baseline. Only "since driver load" counters (absolute) count from zero.
+        s.delta = 0
     return s
 
 

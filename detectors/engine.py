@@ -114,7 +114,7 @@ class DetectorEngine:
                 self.stats["detector_errors"] += 1
                 log.exception("detector %s failed on a sample from %s", getattr(d, "name", d), sample.host)
         if findings:
-            out.extend(self._combine(findings))
+            out.extend(self._combine(findings, 3.0 * st.interval_s))
         out.extend(self.episodes.expire(sample.host, ts))
         if ts > self.fleet_ts:
             self.fleet_ts = ts
@@ -133,7 +133,7 @@ class DetectorEngine:
             out.extend(d.feed(sample))
         return out
 
-    def _combine(self, findings: list[Finding]) -> list[Incident]:
+    def _combine(self, findings: list[Finding], min_quiet_s: float = 0.0) -> list[Incident]:
         p = self.precedence
         out: list[Incident] = []
         findings.sort(key=lambda f: (p.order.get(f.failure_mode, 0), f.detector.startswith("model:")))
@@ -155,7 +155,7 @@ class DetectorEngine:
                     self.stats["model_folded"] += 1
                     continue  # a rule already speaks for this component: the model does not overrule it
                 f.confidence = min(f.confidence, p.model_max_confidence)
-            inc = self.episodes.observe(f, self._quiet.get(f.detector))
+            inc = self.episodes.observe(f, max(self._quiet.get(f.detector) or 0.0, min_quiet_s) or None)
             if inc is not None:
                 out.append(inc)
         return out

@@ -98,7 +98,7 @@ class IncidentEpisodes:
         if f.confidence > ep.confidence + 1e-9:
             ep.confidence, ep.detector, escalated = f.confidence, f.detector, True
         if ep.xid is None and f.xid is not None:
-            ep.xid, ep.bucket = f.xid, f.nvidia_bucket
+            ep.xid, ep.bucket, escalated = f.xid, f.nvidia_bucket, True
         for e in f.evidence:
             last = ep.evidence[-1] if ep.evidence else None
             if last is None or last.fact != e.fact or last.line != e.line:

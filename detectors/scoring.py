@@ -20,6 +20,7 @@ the truth that got any incident, and separately a drain-worthy one (``..._drain`
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 import sys
@@ -74,6 +75,7 @@ class RunResult:
     first_ts: float = 0.0
     last_ts: float = 0.0
     stats: dict[str, int] = field(default_factory=dict)
+    host_ts: dict[str, list[float]] = field(default_factory=dict)  # sample times per host (sorted)
 
 
 def truth_path_for(recording: Path) -> Path:
@@ -117,6 +119,7 @@ def run_recording(path: Path, engine: Any = None, progress: Callable[[int], None
                 continue
             res.samples += 1
             res.hosts.add(s.host)
+            res.host_ts.setdefault(s.host, []).append(s.ts)
             if not res.first_ts:
                 res.first_ts = s.ts
             res.last_ts = max(res.last_ts, s.ts)
@@ -149,8 +152,22 @@ def detections_of(incidents: Iterable[Incident]) -> list[Detection]:
     return sorted(seen.values(), key=lambda d: (d.first_seen, d.host, d.id))
 
 
+def observable(f: TruthFault, host_ts: dict[str, list[float]] | None) -> bool:
+    """Did the host send any sample while the fault lasted? (A fault whose whole window falls in a
+    telemetry gap, e.g. cut short by the end of the recording during a repair reboot, cannot be
+    seen by any detector; it is reported as unobservable, not scored.)"""
+    if host_ts is None or f.mode == "host_unreachable":
+        return True
+    ts = host_ts.get(f.host, [])
+    i = bisect.bisect_left(ts, f.onset)
+    return i < len(ts) and ts[i] <= f.end
+
+
 def score(truth: list[TruthFault], incidents: Iterable[Incident], hosts: Iterable[str] = (), *,
-          slack_s: float = SLACK_S, grace_s: float = GRACE_S) -> dict[str, Any]:
+          slack_s: float = SLACK_S, grace_s: float = GRACE_S,
+          host_ts: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    unobservable = [f for f in truth if not observable(f, host_ts)]
+    hidden = {f.id for f in unobservable}
     dets = detections_of(incidents)
     by_host: dict[str, list[TruthFault]] = defaultdict(list)
     for f in truth:
@@ -175,7 +192,7 @@ def score(truth: list[TruthFault], incidents: Iterable[Incident], hosts: Iterabl
             d.verdict, d.matched = "precursor", pre[0].id
     modes: dict[str, dict[str, Any]] = {}
     for m in FAULT_LABELS:
-        faults = [f for f in truth if f.mode == m]
+        faults = [f for f in truth if f.mode == m and f.id not in hidden]
         md = [d for d in dets if d.mode == m]
         if not faults and not md:
             continue
@@ -202,6 +219,7 @@ def score(truth: list[TruthFault], incidents: Iterable[Incident], hosts: Iterabl
         "healthy_hosts_with_drain_incidents": len(drain_inc),
         "faults": len(truth),
         "detections": len(dets),
+        "unobservable_faults": [{"id": f.id, "host": f.host, "failure_mode": f.mode} for f in unobservable],
         "false_positive_examples": fps[:50],
         "_detections": dets,
     }
@@ -231,6 +249,9 @@ def format_scorecard(card: dict[str, Any]) -> str:
         lines.append(f"{m + (' *' if r['drain_worthy'] else ''):<24} {r['precision']:>6.3f} {r['recall']:>6.3f} "
                      f"{r['f1']:>6.3f} {r['support']:>7} {r['detections']:>5} {r['false_positives']:>4} {d:>14}")
     lines.append("(* drain-worthy)")
+    if card.get("unobservable_faults"):
+        lines.append(f"unobservable faults (no telemetry from the host during the fault; not scored): "
+                     f"{len(card['unobservable_faults'])}")
     lines.append(f"healthy hosts: {card['healthy_hosts']}; with any incident: {card['healthy_hosts_with_incidents']}; "
                  f"with a drain-worthy incident: {card['healthy_hosts_with_drain_incidents']}")
     bad = meets_quality_bar(card)
@@ -261,7 +282,7 @@ def score_replay(path: Path | str, args: Any = None) -> int:
     finally:
         if bar is not None:
             bar.close()
-    card = score(truth, res.incidents, res.hosts)
+    card = score(truth, res.incidents, res.hosts, host_ts=res.host_ts)
     card["samples"], card["invalid_samples"], card["recording"] = res.samples, res.invalid, str(path)
     report = getattr(args, "report", None)
     if report:
