@@ -55,6 +55,7 @@ class RunOptions:
     keep_serving: float = 0.0
     quiet: bool = False
     batch: int = 256
+    ports_optional: bool = False  # demo: a busy port is a warning, not an error
 
 
 @dataclass
@@ -91,13 +92,18 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
     groups = [(detect.group, TELEMETRY), (remediate.group, INCIDENTS)]
     servers: list[Any] = []
     try:
-        if opts.exporter_port:
-            servers.append(run_parts.serve_cached([fleet_exporter], opts.exporter_port))
-        if opts.metrics_port:
-            lag = lambda: [(g, t, bus.inner.lag(g, t)) for g, t in groups]  # noqa: E731
-            fleet = FleetStateCollector(state, bus, lag=lag)
-            servers.append(run_parts.serve([fleet, *detect.collectors(), *remediate.collectors()],
-                                           opts.metrics_port))
+        lag = lambda: [(g, t, bus.inner.lag(g, t)) for g, t in groups]  # noqa: E731
+        services = [FleetStateCollector(state, bus, lag=lag), *detect.collectors(), *remediate.collectors()]
+        for port, start in ((opts.exporter_port, lambda p: run_parts.serve_cached([fleet_exporter], p)),
+                            (opts.metrics_port, lambda p: run_parts.serve(services, p))):
+            if not port:
+                continue
+            try:
+                servers.append(start(port))
+            except UserError as exc:
+                if not opts.ports_optional:
+                    raise
+                log.warning("%s; running without it", exc)
         if ready is not None:
             ready.set()
         observer = bus.consumer([INCIDENTS, ACTIONS], OBSERVER_GROUP)
@@ -274,7 +280,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if not args.dataset.exists():
         raise UserError(f"{args.dataset}: demo dataset not found (replay_data/ ships it)")
     _quiet_per_action_logs()
-    res = run(_opts(args, replay=args.dataset, score=True, report=args.report))
+    res = run(_opts(args, replay=args.dataset, score=True, report=args.report, ports_optional=True))
     _print_result(res)
     prov = REPO / "deploy" / "grafana" / "provisioning"
     print(f"Grafana: provision {prov}/datasources and {prov}/dashboards (dashboards in {REPO / 'dashboards/json'}),"
