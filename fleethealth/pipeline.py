@@ -42,7 +42,7 @@ class RunOptions:
     replay: Path | None = None
     simulate: bool = False
     hosts: int = 16
-    duration: str = "10m"
+    duration: str | float = "10m"
     interval: float = 10.0
     fault_rate: float = 1.0
     seed: int = 0
@@ -81,7 +81,8 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
 
     if bool(opts.replay) == bool(opts.simulate):
         raise UserError("give exactly one of --replay PATH or --simulate")
-    bus = CountingBus(InProcessBus())
+    inproc = InProcessBus()
+    bus = CountingBus(inproc)
     state = FleetState()
     source = run_parts.open_source(opts)
     tickets = opts.tickets or "sqlite::memory:"
@@ -92,7 +93,7 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
     groups = [(detect.group, TELEMETRY), (remediate.group, INCIDENTS)]
     servers: list[Any] = []
     try:
-        lag = lambda: [(g, t, bus.inner.lag(g, t)) for g, t in groups]  # noqa: E731
+        lag = lambda: [(g, t, inproc.lag(g, t)) for g, t in groups]  # noqa: E731
         services = [FleetStateCollector(state, bus, lag=lag), *detect.collectors(), *remediate.collectors()]
         for port, start in ((opts.exporter_port, lambda p: run_parts.serve_cached([fleet_exporter], p)),
                             (opts.metrics_port, lambda p: run_parts.serve(services, p))):
