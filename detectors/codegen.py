@@ -99,7 +99,8 @@ class _Gen:
                             f"elif mem[{s}]:", f"    mem[{s}] = 0"]
         if isinstance(ev, FlappingRule):
             lines = _get_lines(ev.path, "e", "a")
-            return lines + [f"f = mem[{s}]", "if f is None or a != f.last or ep:", f"    {call}"]
+            return lines + [f"f = mem[{s}]",
+                            f"if f is None or a != f.last or ep or len(f.changes) > {ev.changes_gt}:", f"    {call}"]
         if isinstance(ev, PresenceRule):
             if ev.check_kind == "not_present":
                 test = "not e.present"
