@@ -28,6 +28,7 @@ partitions; a host's state lives with the worker that owns its partition.
 def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     _ = argparse  # subcommands are added here by the detectors part
     __import__("detectors.diagnose", fromlist=["register_diagnose"]).register_diagnose(sub)
+    __import__("detectors.ml.cli", fromlist=["register_train"]).register_train(sub)
     p = sub.add_parser("detect", help="the streaming detectors (a Kafka consumer group)", description=DETECT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--bus", default="kafka", help="memory | jsonl:PATH | kafka[:HOST:PORT]")

@@ -1,0 +1,65 @@
+"""ML detectors: a supervised per-component classifier and an unsupervised peer-comparison detector.
+
+    from detectors.ml import load_ml_detectors
+    dets = load_ml_detectors()            # [] (with a warning) when no trained model is shipped
+    for s in samples:
+        for d in dets:
+            findings = d.feed(s)
+
+Both read windowed per-component features (:mod:`detectors.ml.features`); models come from
+``detectors/models/`` (``fleethealth train`` writes them) as skops archives plus a JSON sidecar.
+Importing this package registers both with :mod:`detectors.registry`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from detectors.finding import Detector
+from detectors.ml.features import FEATURE_SPEC, FeatureStream
+from detectors.ml.model_io import ModelError, load_model
+from detectors.ml.peers import PEER_FEATURES, PeerDetector
+from detectors.ml.supervised import FEATURES, SupervisedDetector
+from detectors.ml.train import PEER_NAME, SUPERVISED_NAME, peer_models
+
+log = logging.getLogger(__name__)
+MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+def load_supervised(model_dir: Path | None = None, stream: FeatureStream | None = None) -> SupervisedDetector:
+    est, meta = load_model(model_dir or MODEL_DIR, SUPERVISED_NAME, FEATURE_SPEC, FEATURES)
+    return SupervisedDetector(est, meta, stream)
+
+
+def load_peer(model_dir: Path | None = None, stream: FeatureStream | None = None) -> PeerDetector:
+    est, meta = load_model(model_dir or MODEL_DIR, PEER_NAME, FEATURE_SPEC, PEER_FEATURES)
+    return PeerDetector(peer_models(est, meta), meta, stream)
+
+
+def load_ml_detectors(model_dir: Path | None = None) -> list[Detector]:
+    """Both ML detectors, or those whose model files exist; [] with a logged warning when none do.
+    A model file that exists but is mismatched or untrusted raises :class:`ModelError`."""
+    d = model_dir or MODEL_DIR
+    out: list[Detector] = []
+    for name, loader in ((SUPERVISED_NAME, load_supervised), (PEER_NAME, load_peer)):
+        if not (d / f"{name}.json").exists():
+            log.warning("ML detector %s not loaded: no model in %s (run `fleethealth train`)", name, d)
+            continue
+        out.append(loader(d))
+    return out
+
+
+def _register() -> None:
+    try:
+        from detectors.registry import register_model
+    except ImportError:  # the registry is optional for the ML part
+        return
+    register_model(SUPERVISED_NAME, load_supervised)
+    register_model(PEER_NAME, load_peer)
+
+
+_register()
+
+__all__ = ["MODEL_DIR", "ModelError", "PeerDetector", "SupervisedDetector", "load_ml_detectors", "load_peer",
+           "load_supervised"]

@@ -1,0 +1,403 @@
+"""Windowed per-component features from the sample stream (pure: values in, values out; no I/O).
+
+A :class:`HostFeatureState` holds one host's last counter snapshot and a few accumulators. Each
+sample costs a handful of attribute reads (throttle bits, Xid events, lost GPUs are accumulated);
+counter deltas and the feature rows are built once per window (``window_s`` of sample time), which
+is what keeps the ML path cheap at fleet rates. A window yields a :class:`WindowFeatures`:
+one row per GPU, one per network port, one for the host.
+
+Rates are per minute over the window's sample-time span. Counters are differenced with
+:func:`detectors.ml.counters.counter_delta` (no reset or wrap spikes); a ``boot_id`` change, a gap
+longer than ``max_gap_s`` or the first sample of a host re-baselines without emitting a window.
+Samples older than or equal to the host's last timestamp (duplicates, out of order) are skipped
+and counted in ``state.skipped``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+
+from detectors.ml.counters import deltas
+from fleethealth.schema import GpuSample, NetPort, Sample
+from fleethealth.xid import xid_table
+
+FEATURE_SPEC = 1  # bump when a feature's meaning changes: models trained on another spec are refused
+
+XID_BUCKETS = ("RESET_GPU", "CONTACT_SUPPORT", "RESTART_APP", "RESTART_BM", "WORKFLOW_XID_48",
+               "WORKFLOW_NVLINK", "OTHER")
+XID_LABELS = ("gpu_fell_off_bus", "gpu_dram_uce", "gpu_row_remap_failure", "gpu_sram_uce", "gpu_ecc_sbe_storm",
+              "gpu_hw_error", "gpu_nvlink_error", "gpu_gsp_error", "app_error")
+THROTTLE_BITS = (("thr_hw_slowdown", 0x8), ("thr_sw_thermal", 0x20), ("thr_hw_thermal", 0x40),
+                 ("thr_power_brake", 0x80))
+
+GPU_FEATURES: tuple[str, ...] = (
+    "dram_ce_rate", "dram_ue", "sram_ce_rate", "sram_ue", "sram_threshold",
+    "remap_corr", "remap_uncorr", "remap_pending", "remap_failure",
+    "retired_sbe", "retired_dbe", "retired_pending",
+    "pcie_replay_rate", "pcie_gen_ratio", "pcie_width_ratio", "pcie_degraded_under_load",
+    "aer_cor_rate", "aer_uncor",
+    "nvlink_crc_rate", "nvlink_replay_rate", "nvlink_recovery_rate", "nvlink_worst_link_rate",
+    "nvlink_links_inactive",
+    "temp_c", "temp_dev", "temp_z", "power_w", "power_dev", "util_pct", "util_dev",
+    *(name for name, _ in THROTTLE_BITS),
+    *(f"xid_bucket_{b.lower()}" for b in XID_BUCKETS), *(f"xid_{lab}" for lab in XID_LABELS),
+    "lost",
+)
+PORT_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+                 "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
+                 "excessive_buffer_overrun_errors")
+PORT_FEATURES: tuple[str, ...] = (
+    *(f"{c}_rate" for c in PORT_COUNTERS), "state_down", "phys_not_linkup", "rate_ratio", "symbol_dev",
+)
+HOST_FEATURES: tuple[str, ...] = (
+    "edac_ce_rate", "edac_ue", "edac_max_dimm_ce_rate", "gpus_missing", "kern_mce", "kern_fell_off_bus",
+    "kern_aer", "aer_other_cor_rate", "aer_other_uncor",
+)
+GI = {n: i for i, n in enumerate(GPU_FEATURES)}
+PI = {n: i for i, n in enumerate(PORT_FEATURES)}
+HI = {n: i for i, n in enumerate(HOST_FEATURES)}
+N_XID = len(XID_BUCKETS) + len(XID_LABELS)
+_XID0 = GI["xid_bucket_reset_gpu"]
+
+
+@cache
+def _xid_slots() -> dict[int, tuple[int, int | None]]:
+    """Xid -> (bucket slot, label slot) in the Xid block of the GPU row."""
+    out: dict[int, tuple[int, int | None]] = {}
+    for xid, info in xid_table().items():
+        b = info.immediate
+        b = "WORKFLOW_NVLINK" if b.startswith("WORKFLOW_NVLINK") else b
+        b = "RESTART_BM" if b in ("RESTART_BM", "RESTART_VM") else b
+        bslot = XID_BUCKETS.index(b) if b in XID_BUCKETS else XID_BUCKETS.index("OTHER")
+        lslot = len(XID_BUCKETS) + XID_LABELS.index(info.failure_mode) if info.failure_mode in XID_LABELS else None
+        out[xid] = (bslot, lslot)
+    return out
+
+
+@cache
+def pci_key(addr: str) -> str:
+    """NVML's ``00000000:18:00.0`` and sysfs's ``0000:18:00.0`` name the same device."""
+    dom, _, rest = addr.partition(":")
+    try:
+        return f"{int(dom, 16):04x}:{rest.lower()}" if rest else addr.lower()
+    except ValueError:
+        return addr.lower()
+
+
+def gpu_component(g: GpuSample) -> str:
+    return g.uuid or f"gpu{g.index}"
+
+
+@dataclass(slots=True)
+class WindowFeatures:
+    host: str
+    cluster: str
+    rack: str
+    t0: float
+    ts: float
+    gpu_ids: list[str]
+    gpu: np.ndarray  # (n_gpus, len(GPU_FEATURES))
+    port_ids: list[str]
+    port: np.ndarray  # (n_ports, len(PORT_FEATURES))
+    host_row: np.ndarray  # (len(HOST_FEATURES),)
+    dimm: str = "host"  # the DIMM with the most corrected errors in the window, for host findings
+    gpu_pci: list[str] = field(default_factory=list)  # pci_key of each GPU row ("" when unknown)
+
+
+@dataclass(slots=True)
+class HostFeatureState:
+    boot_id: str | None = None
+    last_ts: float = -1.0
+    t0: float = 0.0
+    gpu_snap: dict[str, list[int | None]] = field(default_factory=dict)
+    nvl_snap: dict[str, list[int | None]] = field(default_factory=dict)
+    port_snap: dict[str, list[int | None]] = field(default_factory=dict)
+    aer_snap: dict[str, list[int]] = field(default_factory=dict)
+    edac_snap: dict[str, list[int | None]] = field(default_factory=dict)
+    throttle: dict[int, int] = field(default_factory=dict)  # GPU index -> OR of reason bits
+    xids: dict[int, list[int]] = field(default_factory=dict)  # GPU index -> Xid slot counts
+    lost: set[int] = field(default_factory=set)
+    kern: list[int] = field(default_factory=lambda: [0, 0, 0])  # mce, fell_off_bus, aer
+    skipped: int = 0
+
+
+def _accumulate(st: HostFeatureState, s: Sample) -> None:
+    thr = st.throttle
+    for g in s.gpus:
+        r = g.clocks_event_reasons
+        if r:
+            thr[g.index] = thr.get(g.index, 0) | r
+        if g.xids:
+            slots = _xid_slots()
+            row = st.xids.setdefault(g.index, [0] * N_XID)
+            for ev in g.xids:
+                b, lab = slots.get(ev.xid, (len(XID_BUCKETS) - 1, None))
+                row[b] += 1
+                if lab is not None:
+                    row[lab] += 1
+        if not g.present or g.nvml_error:
+            st.lost.add(g.index)
+    if s.kernel_events:
+        k = st.kern
+        for ev in s.kernel_events:
+            if ev.kind == "mce":
+                k[0] += 1
+            elif ev.kind == "fell_off_bus":
+                k[1] += 1
+            elif ev.kind == "aer":
+                k[2] += 1
+
+
+def _gpu_counters(g: GpuSample) -> list[int | None]:
+    e, rr, rp, p = g.ecc, g.remapped_rows, g.retired_pages, g.pcie
+    out: list[int | None] = [None] * 9
+    if e is not None:
+        out[0] = e.dram_corrected_volatile if e.dram_corrected_volatile is not None else e.dram_corrected_aggregate
+        out[1] = e.dram_uncorrected_volatile if e.dram_uncorrected_volatile is not None \
+            else e.dram_uncorrected_aggregate
+        out[2] = e.sram_corrected_volatile if e.sram_corrected_volatile is not None else e.sram_corrected_aggregate
+        out[3] = e.sram_uncorrected_volatile if e.sram_uncorrected_volatile is not None \
+            else e.sram_uncorrected_aggregate
+    if rr is not None:
+        out[4], out[5] = rr.correctable, rr.uncorrectable
+    if rp is not None:
+        out[6], out[7] = rp.sbe, rp.dbe
+    if p is not None and p.replay_counter is not None:
+        out[8] = p.replay_counter + ((p.replay_rollover or 0) << 32) if p.replay_rollover else p.replay_counter
+    return out
+
+
+def _nvlink_counters(g: GpuSample) -> list[int | None]:
+    n = g.nvlink
+    if n is None:
+        return []
+    return [*n.crc_flit, *n.crc_data, *n.replay, *n.recovery]
+
+
+def _aer_totals(d: dict[str, int], total_key: str) -> int:
+    return d[total_key] if total_key in d else sum(d.values())
+
+
+_NF = len(GPU_FEATURES)
+_I_TEMP, _I_POWER, _I_UTIL = GI["temp_c"], GI["power_w"], GI["util_pct"]
+_I_THR = GI["thr_hw_slowdown"]
+_I_LOST = GI["lost"]
+
+
+def _gpu_row(st: HostFeatureState, g: GpuSample, per_min: float, aer_d: dict[str, list[int]]) -> list[float]:
+    key = gpu_component(g)
+    row = [0.0] * _NF
+    cur = _gpu_counters(g)
+    prev = st.gpu_snap.get(key)
+    if prev != cur:
+        d = deltas(prev, cur)
+        st.gpu_snap[key] = cur
+        row[0], row[1], row[2], row[3] = d[0] * per_min, d[1], d[2] * per_min, d[3]
+        row[5], row[6], row[9], row[10], row[12] = d[4], d[5], d[6], d[7], d[8] * per_min
+    e, rr, rp, p = g.ecc, g.remapped_rows, g.retired_pages, g.pcie
+    if e is not None and e.sram_threshold_exceeded:
+        row[4] = 1.0
+    if rr is not None and (rr.pending or rr.failure):
+        row[7], row[8] = float(bool(rr.pending)), float(bool(rr.failure))
+    if rp is not None and rp.pending:
+        row[11] = 1.0
+    util = g.utilization_pct or 0.0
+    gen_r = width_r = 1.0
+    if p is not None:
+        if p.gen_current and p.gen_max and p.gen_current < p.gen_max:
+            gen_r = p.gen_current / p.gen_max
+        if p.width_current and p.width_max and p.width_current < p.width_max:
+            width_r = p.width_current / p.width_max
+    row[13], row[14] = gen_r, width_r
+    if util >= 30.0 and (gen_r < 1.0 or width_r < 1.0):  # links downshift at idle by design
+        row[15] = 1.0 - min(gen_r, width_r)
+    if aer_d and g.pci_bus_id:
+        ad = aer_d.get(pci_key(g.pci_bus_id))
+        if ad is not None:
+            row[16], row[17] = ad[0] * per_min, ad[1]
+    nvl = g.nvlink
+    if nvl is not None and nvl.crc_flit:
+        nv = [*nvl.crc_flit, *nvl.crc_data, *nvl.replay, *nvl.recovery]
+        prev_nv = st.nvl_snap.get(key)
+        if prev_nv != nv:
+            nd = deltas(prev_nv, nv)
+            st.nvl_snap[key] = nv
+            n = len(nvl.crc_flit)
+            if len(nd) == 4 * n:
+                crc = [nd[i] + nd[n + i] for i in range(n)]
+                rep, rec = nd[2 * n:3 * n], nd[3 * n:]
+                row[18], row[19], row[20] = sum(crc) * per_min, sum(rep) * per_min, sum(rec) * per_min
+                row[21] = max(crc[i] + rep[i] + rec[i] for i in range(n)) * per_min
+        if False in nvl.active:
+            row[22] = float(nvl.active.count(False))
+    row[_I_TEMP] = g.temperature_c if g.temperature_c is not None else math.nan
+    row[_I_POWER] = g.power_w if g.power_w is not None else math.nan
+    row[_I_UTIL] = util
+    bits = st.throttle.get(g.index, g.clocks_event_reasons or 0)
+    if bits & 0xE8:
+        for j, (_, mask) in enumerate(THROTTLE_BITS):
+            row[_I_THR + j] = float(bool(bits & mask))
+    xr = st.xids.get(g.index)
+    if xr is not None:
+        row[_XID0:_XID0 + N_XID] = xr
+    if g.index in st.lost or not g.present or g.nvml_error is not None:
+        row[_I_LOST] = 1.0
+    return row
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
+
+
+def _peer_columns(rows: list[list[float]]) -> None:
+    """Fill temp/power/util deviations from the host's median GPU (in place, on the row lists)."""
+    for col, dev in ((_I_TEMP, GI["temp_dev"]), (_I_POWER, GI["power_dev"]), (_I_UTIL, GI["util_dev"])):
+        vals = [r[col] for r in rows if r[col] == r[col]]  # skips NaN
+        if len(vals) < 2:
+            continue
+        med = _median(vals)
+        for r in rows:
+            if r[col] == r[col]:
+                r[dev] = r[col] - med
+        if col == _I_TEMP:
+            scale = max(_median([abs(v - med) for v in vals]) * 1.4826, 2.0)
+            zi = GI["temp_z"]
+            for r in rows:
+                r[zi] = r[dev] / scale
+
+
+_NP = len(PORT_FEATURES)
+_ZERO_PORT = [0.0] * len(PORT_COUNTERS)
+
+
+def _port_row(st: HostFeatureState, p: NetPort, per_min: float) -> list[float]:
+    key = f"{p.device}/{p.port}"
+    c = p.counters
+    cur = [c.get(n) for n in PORT_COUNTERS]
+    prev = st.port_snap.get(key)
+    if prev != cur:
+        d = deltas(prev, cur)
+        st.port_snap[key] = cur
+        row = [x * per_min for x in d]
+        row[2] = float(d[2])  # link_downed: a count, not a rate
+    else:
+        row = _ZERO_PORT.copy()
+    row += [float(p.state.upper() not in ("ACTIVE", "")), float(p.phys_state not in ("LinkUp", "")),
+            p.rate_gbps or 0.0, 0.0]
+    return row
+
+
+def _port_peers(rows: list[list[float]]) -> None:
+    top = max(r[-2] for r in rows)
+    sym = [math.log1p(r[0] + r[1]) for r in rows]
+    med = _median(sym)
+    for r, v in zip(rows, sym, strict=True):
+        r[-2] = r[-2] / top if top > 0 else 1.0
+        r[-1] = v - med
+
+
+def update(st: HostFeatureState, s: Sample, window_s: float = 60.0, max_gap_s: float = 600.0) -> WindowFeatures | None:
+    """Feed one sample; return the window's features when ``s`` closes a window, else None."""
+    if s.ts <= st.last_ts:
+        st.skipped += 1
+        return None
+    rebase = (st.last_ts < 0 or (s.boot_id != st.boot_id and bool(s.boot_id or st.boot_id))
+              or s.ts - st.last_ts > max_gap_s)
+    st.last_ts = s.ts
+    if rebase:
+        _rebaseline(st, s)
+        return None
+    _accumulate(st, s)
+    if s.ts - st.t0 < window_s:
+        return None
+    per_min = 60.0 / (s.ts - st.t0)
+    out = _close(st, s, per_min)
+    st.t0 = s.ts
+    st.throttle.clear()
+    st.xids.clear()
+    st.lost.clear()
+    st.kern = [0, 0, 0]
+    return out
+
+
+def _rebaseline(st: HostFeatureState, s: Sample) -> None:
+    fresh = HostFeatureState(boot_id=s.boot_id, last_ts=s.ts, t0=s.ts, skipped=st.skipped)
+    for name in HostFeatureState.__slots__:  # type: ignore[attr-defined]
+        setattr(st, name, getattr(fresh, name))
+    _close(st, s, 0.0)  # takes the snapshots; its rows are discarded
+
+
+def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
+    aer_d: dict[str, list[int]] = {}
+    gpu_addrs = {pci_key(g.pci_bus_id) for g in s.gpus if g.pci_bus_id}
+    other_cor = other_uncor = 0.0
+    for a in s.aer:
+        k = pci_key(a.pci_addr)
+        cur = [_aer_totals(a.correctable, "TOTAL_ERR_COR"),
+               _aer_totals(a.fatal, "TOTAL_ERR_FATAL") + _aer_totals(a.nonfatal, "TOTAL_ERR_NONFATAL")]
+        d = deltas(st.aer_snap.get(k), cur)  # type: ignore[arg-type]
+        st.aer_snap[k] = cur
+        aer_d[k] = d
+        if k not in gpu_addrs:
+            other_cor += d[0] * per_min
+            other_uncor += d[1]
+    rows = [_gpu_row(st, g, per_min, aer_d) for g in s.gpus]
+    _peer_columns(rows)
+    gpu = np.array(rows, dtype=np.float64).reshape(len(rows), _NF)
+    if any(g.temperature_c is None or g.power_w is None for g in s.gpus):
+        np.nan_to_num(gpu, copy=False)
+    prows = [_port_row(st, p, per_min) for p in s.net_ports]
+    if prows:
+        _port_peers(prows)
+    port = np.array(prows, dtype=np.float64).reshape(len(prows), _NP)
+    host = np.zeros(len(HOST_FEATURES))
+    best_dimm, best_ce = "host", 0
+    for mc in s.edac:
+        cur_mc: list[int | None] = [mc.ce_count, mc.ue_count]
+        k = f"mc{mc.mc}"
+        d = deltas(st.edac_snap.get(k), cur_mc)
+        st.edac_snap[k] = cur_mc
+        host[0] += d[0] * per_min
+        host[1] += d[1]
+        for dimm in mc.dimms:
+            dk = f"{k}/{dimm.label}"
+            dd = deltas(st.edac_snap.get(dk), [dimm.ce, dimm.ue])
+            st.edac_snap[dk] = [dimm.ce, dimm.ue]
+            if dd[0] > best_ce:
+                best_dimm, best_ce = dimm.label, dd[0]
+    host[2] = best_ce * per_min
+    present = sum(1 for g in s.gpus if g.present and g.nvml_error is None)
+    host[3] = float(max(0, s.expected_gpus - present)) if s.expected_gpus else 0.0
+    host[4], host[5], host[6] = st.kern
+    host[7], host[8] = other_cor, other_uncor
+    return WindowFeatures(s.host, s.cluster, s.rack, st.t0, s.ts, [gpu_component(g) for g in s.gpus], gpu,
+                          [f"{p.device}/{p.port}" for p in s.net_ports], port, host, best_dimm,
+                          [pci_key(g.pci_bus_id) if g.pci_bus_id else "" for g in s.gpus])
+
+
+class FeatureStream:
+    """Per-host feature state for a stream of samples from many hosts."""
+
+    def __init__(self, window_s: float = 60.0, max_gap_s: float = 600.0) -> None:
+        self.window_s = window_s
+        self.max_gap_s = max_gap_s
+        self.hosts: dict[str, HostFeatureState] = {}
+
+    def feed(self, s: Sample) -> WindowFeatures | None:
+        st = self.hosts.get(s.host)
+        if st is None:
+            st = self.hosts[s.host] = HostFeatureState()
+        return update(st, s, self.window_s, self.max_gap_s)
+
+    @property
+    def skipped(self) -> int:
+        return sum(st.skipped for st in self.hosts.values())
+
+    def reset(self) -> None:
+        self.hosts.clear()

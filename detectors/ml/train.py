@@ -1,0 +1,242 @@
+"""Fit the ML detectors on labelled simulated fleets and measure them on a held-out seed (no I/O
+beyond what the fleet source does; saving is :mod:`detectors.ml.model_io`)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sklearn
+from sklearn.ensemble import HistGradientBoostingClassifier, IsolationForest
+
+from detectors.ml.features import FEATURE_SPEC, FeatureStream, WindowFeatures
+from detectors.ml.labels import HEALTHY, Fault, FaultIndex
+from detectors.ml.peers import FLOORS, PEER_FEATURES, PeerDetector, PeerModel
+from detectors.ml.supervised import FEATURES, KINDS, SupervisedDetector, gate, window_rows
+
+MODEL_VERSION = "1"
+SUPERVISED_NAME = "fault_classifier"
+PEER_NAME = "peer_anomaly"
+
+# (seed, hosts, duration_s, interval_s, fault_rate) -> (samples in time order, ground truth)
+FleetSource = Callable[[int, int, float, float, float], tuple[Iterable[Any], list[Fault]]]
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    hosts: int = 32
+    duration_s: float = 6 * 3600.0
+    interval_s: float = 10.0
+    seeds: tuple[int, ...] = (1, 2)
+    holdout_seed: int = 99
+    fault_rate: float = 200.0
+    window_s: float = 60.0
+    threshold: float = 0.9
+    drain_threshold: float = 0.97
+    envelope_k: float = 2.0
+    persist: int = 3
+
+
+@dataclass(slots=True)
+class Fleet:
+    windows: list[WindowFeatures]
+    faults: FaultIndex
+    samples: int
+    first_ts: float = 0.0
+    last_ts: float = 0.0
+
+
+@dataclass(slots=True)
+class TrainResult:
+    supervised: dict[str, Any]
+    supervised_meta: dict[str, Any]
+    peer: dict[str, Any]
+    peer_meta: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def windows_of(samples: Iterable[Any], window_s: float, tick: Callable[[], None] | None = None) -> Fleet:
+    stream = FeatureStream(window_s=window_s)
+    out: list[WindowFeatures] = []
+    n = 0
+    first = last = 0.0
+    for s in samples:
+        n += 1
+        first = first or s.ts
+        last = max(last, s.ts)
+        w = stream.feed(s)
+        if w is not None:
+            out.append(w)
+        if tick is not None:
+            tick()
+    return Fleet(out, FaultIndex([]), n, first, last)
+
+
+def supervised_rows(fleets: list[Fleet]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Gated rows and their labels per kind (quiet rows are healthy by construction)."""
+    xs: dict[str, list[np.ndarray]] = defaultdict(list)
+    ys: dict[str, list[str]] = defaultdict(list)
+    for fl in fleets:
+        for w in fl.windows:
+            labels = fl.faults.labels(w)
+            for kind, (_, m) in window_rows(w).items():
+                g = gate(kind, m)
+                if g.any():
+                    xs[kind].append(m[g])
+                    ys[kind].extend(lab for lab, ok in zip(labels[kind], g, strict=True) if ok)
+    return {k: (np.vstack(xs[k]), np.array(ys[k])) for k in KINDS if xs[k]}
+
+
+def fit_supervised(rows: dict[str, tuple[np.ndarray, np.ndarray]], seed: int) -> dict[str, Any]:
+    models: dict[str, Any] = {}
+    for kind, (x, y) in rows.items():
+        if len(set(y.tolist())) < 2:
+            continue  # nothing to tell apart: every gated row is one class
+        clf = HistGradientBoostingClassifier(max_iter=150, learning_rate=0.1, max_leaf_nodes=15,
+                                             l2_regularization=1.0, early_stopping=False, random_state=seed)
+        models[kind] = clf.fit(x, y)
+    return models
+
+
+def _healthy_deviations(fleets: list[Fleet], slopes: dict[str, float]) -> dict[str, np.ndarray]:
+    """Deviation vectors of components labelled healthy in their window (rack rows: whole host healthy)."""
+    dev: dict[str, list[np.ndarray]] = defaultdict(list)
+    racks = PeerDetector({}, {"slopes": slopes})
+    for fl in fleets:
+        for w in fl.windows:
+            d = racks.deviations(w)
+            labels = fl.faults.labels(w)
+            ok = {k: np.array([lab == HEALTHY for lab in v], dtype=bool) for k, v in labels.items()}
+            for kind in ("gpu", "port"):
+                if d[kind][1].shape[0] and ok[kind].any():
+                    dev[kind].append(d[kind][1][ok[kind]])
+            if "rack" in d and all(v.all() for v in ok.values()):
+                dev["rack"].append(d["rack"][1])
+    return {k: np.vstack(v) for k, v in dev.items()}
+
+
+def _util_slopes(fleets: list[Fleet]) -> dict[str, float]:
+    """Least-squares °C and W per % utilisation difference between GPUs of one host (healthy hosts)."""
+    from detectors.ml.features import GI
+
+    rows = [w.gpu for fl in fleets for w in fl.windows if w.host not in fl.faults.faulty_hosts() and w.gpu.shape[0]]
+    if not rows:
+        return {"temp_per_util": 0.0, "power_per_util": 0.0}
+    m = np.vstack(rows)
+    u = m[:, GI["util_dev"]]
+    den = float((u * u).sum())
+    if den == 0.0:
+        return {"temp_per_util": 0.0, "power_per_util": 0.0}
+    return {"temp_per_util": round(float((u * m[:, GI["temp_dev"]]).sum()) / den, 6),
+            "power_per_util": round(float((u * m[:, GI["power_dev"]]).sum()) / den, 6)}
+
+
+def fit_peer(fleets: list[Fleet], cfg: TrainConfig, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    slopes = _util_slopes(fleets)
+    healthy = _healthy_deviations(fleets, slopes)
+    forests: dict[str, Any] = {}
+    kinds: dict[str, Any] = {}
+    for kind, names in PEER_FEATURES.items():
+        x = healthy.get(kind)
+        if x is None or x.shape[0] < 50:
+            continue
+        q = np.quantile(np.abs(x), 0.999, axis=0)
+        limit = np.maximum(cfg.envelope_k * q, np.array(FLOORS[kind]))
+        forest = IsolationForest(n_estimators=100, max_samples=min(512, x.shape[0]), random_state=seed).fit(x)
+        thr = float(np.quantile(forest.score_samples(x), 0.001))
+        forests[kind] = forest
+        kinds[kind] = {"names": list(names), "limit": [round(float(v), 6) for v in limit], "score_thr": thr,
+                       "healthy_rows": int(x.shape[0])}
+    return forests, {"slopes": slopes, "kinds": kinds, "persist": cfg.persist}
+
+
+def peer_models(forests: dict[str, Any], meta: dict[str, Any]) -> dict[str, PeerModel]:
+    out = {}
+    for kind, k in meta.get("kinds", {}).items():
+        out[kind] = PeerModel(tuple(k["names"]), np.array(k["limit"], dtype=float), forests.get(kind),
+                              float(k["score_thr"]))
+    return out
+
+
+def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: Fleet) -> dict[str, Any]:
+    """Per mode: window precision, episode recall (a fault counts as found when any window of its
+    component during the fault carries a finding of its mode), and findings on healthy hosts."""
+    faulty = fleet.faults.faulty_hosts()
+    tp: Counter[str] = Counter()
+    fp: Counter[str] = Counter()
+    found: set[tuple[str, str, str]] = set()
+    healthy_hosts_flagged: dict[str, set[str]] = {"supervised": set(), "peer": set()}
+    peer_fp = peer_tp = 0
+    for w in fleet.windows:
+        labels = fleet.faults.labels(w)
+        by_comp = {}
+        for kind, (ids, _) in window_rows(w).items():
+            for cid, lab in zip(ids, labels[kind], strict=True):
+                by_comp[cid] = lab
+        host_lab = labels["host"][0]
+        for name, det in (("supervised", sup), ("peer", peer)):
+            if det is None:
+                continue
+            for f in det.score_window(w):
+                truth = by_comp.get(f.component, host_lab)
+                if w.host not in faulty:
+                    healthy_hosts_flagged[name].add(w.host)
+                if name == "peer":
+                    peer_tp += truth != HEALTHY
+                    peer_fp += truth == HEALTHY
+                    continue
+                if truth == f.failure_mode:
+                    tp[f.failure_mode] += 1
+                    found.add((w.host, f.component, f.failure_mode))
+                else:
+                    fp[f.failure_mode] += 1
+    support: Counter[str] = Counter()
+    hit: Counter[str] = Counter()
+    for host, faults in fleet.faults.by_host.items():
+        for f in faults:
+            support[f.failure_mode] += 1
+            if any(h == host and m == f.failure_mode for h, _, m in found):
+                hit[f.failure_mode] += 1
+    modes = sorted(set(support) | set(tp) | set(fp))
+    per_mode = {m: {"precision": round(tp[m] / (tp[m] + fp[m]), 4) if tp[m] + fp[m] else None,
+                    "recall": round(hit[m] / support[m], 4) if support[m] else None,
+                    "support": support[m], "true_windows": tp[m], "false_windows": fp[m]} for m in modes}
+    all_tp, all_fp = sum(tp.values()), sum(fp.values())
+    return {"per_mode": per_mode,
+            "precision": round(all_tp / (all_tp + all_fp), 4) if all_tp + all_fp else None,
+            "recall": round(sum(hit.values()) / sum(support.values()), 4) if support else None,
+            "healthy_hosts_with_findings": {k: len(v) for k, v in healthy_hosts_flagged.items()},
+            "peer_findings": {"on_faulty_components": peer_tp, "on_healthy_components": peer_fp},
+            "windows": len(fleet.windows), "samples": fleet.samples}
+
+
+def train(cfg: TrainConfig, load: Callable[[int], Fleet]) -> TrainResult:
+    """Fit both detectors on ``cfg.seeds`` and measure them on ``cfg.holdout_seed``."""
+    fleets = [load(seed) for seed in cfg.seeds]
+    seed = cfg.seeds[0] if cfg.seeds else 0
+    rows = supervised_rows(fleets)
+    sup = fit_supervised(rows, seed)
+    forests, peer_extra = fit_peer(fleets, cfg, seed)
+    data_end = max((fl.last_ts for fl in fleets), default=0.0)
+    common = {"version": MODEL_VERSION, "feature_spec": FEATURE_SPEC, "window_s": cfg.window_s,
+              "sklearn_version": sklearn.__version__, "numpy_version": np.__version__,
+              "trained_on": {"seeds": list(cfg.seeds), "hosts": cfg.hosts, "duration_s": cfg.duration_s,
+                             "interval_s": cfg.interval_s, "fault_rate": cfg.fault_rate,
+                             "samples": sum(fl.samples for fl in fleets),
+                             "windows": sum(len(fl.windows) for fl in fleets),
+                             "data_end_ts": data_end},
+              "holdout_seed": cfg.holdout_seed}
+    sup_meta = {**common, "name": SUPERVISED_NAME, "threshold": cfg.threshold,
+                "drain_threshold": cfg.drain_threshold, "features": {k: list(FEATURES[k]) for k in KINDS},
+                "classes": {k: [str(c) for c in m.classes_] for k, m in sup.items()},
+                "rows": {k: {"n": int(x.shape[0]), "labels": dict(Counter(y.tolist()))} for k, (x, y) in rows.items()}}
+    peer_meta = {**common, **peer_extra, "name": PEER_NAME, "features": {k: list(v) for k, v in PEER_FEATURES.items()}}
+    result = TrainResult(sup, sup_meta, forests, peer_meta)
+    holdout = load(cfg.holdout_seed)
+    result.metrics = evaluate(SupervisedDetector(sup, sup_meta), PeerDetector(peer_models(forests, peer_meta),
+                                                                               peer_meta), holdout)
+    sup_meta["metrics"] = peer_meta["metrics"] = result.metrics
+    return result
