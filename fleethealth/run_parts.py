@@ -19,8 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
-from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, Bus, read_values
-from fleethealth.deadletter import dead_letter_for
+from fleethealth.bus import INCIDENTS, Bus, read_values
 from fleethealth.errors import UserError
 from fleethealth.schema import ContractError, Incident, Sample, decode_sample, encode
 
@@ -130,46 +129,38 @@ def _sim_source(opts: Any) -> Source:
 
 
 class Detection:
-    """The detector engine (``detectors.engine.DetectorEngine``: rules, episodes, staleness) consuming
-    telemetry and publishing incidents; an undecodable message goes to the dead-letter topic."""
+    """The detect worker (``detectors.worker.DetectWorker``: engine with rules, episodes, staleness;
+    dead letters; its Prometheus metrics) consuming telemetry and publishing incidents. Time comes
+    from the samples only: no wall-clock idle tick in a replay."""
 
     group = "fleethealth-detect"
 
     def __init__(self, bus: Bus) -> None:
         try:
-            from detectors.engine import DetectorEngine
+            from detectors.metrics import DetectMetrics
+            from detectors.worker import DetectWorker
         except ImportError as exc:
             raise UserError(f"the detectors part is not installed here ({exc})") from exc
-        self.engine = DetectorEngine()
         self.bus = bus
-        self.consumer = bus.consumer([TELEMETRY], self.group)
-
-    def _publish(self, incidents: list[Incident]) -> None:
-        for inc in incidents:
-            self.bus.publish(INCIDENTS, inc.host, encode(inc))
+        self.metrics = DetectMetrics()
+        self.worker = DetectWorker(bus, group=self.group, poll_timeout=0.0, metrics=self.metrics, idle_tick=False)
 
     def step(self) -> int:
         n = 0
-        while records := self.consumer.poll(timeout=0, max_records=2000):
-            for rec in records:
-                try:
-                    sample = decode_sample(rec.value)
-                except ContractError as exc:
-                    self.bus.publish(DEADLETTER, rec.key, encode(dead_letter_for(rec, str(exc), self.group)))
-                    continue
-                out = self.engine.feed(sample)
-                self._publish(out)
-                n += len(out)
-            self.consumer.commit()
+        while (k := self.worker.run_once()) > 0:
+            n += k
         return n
 
     def finish(self, last_ts: float | None) -> None:
         """End of input: let open episodes expire / staleness rules run at the last fleet time."""
-        if last_ts is not None:
-            self._publish(self.engine.tick(last_ts))
+        if last_ts is None:
+            return
+        for inc in self.worker.engine.tick(last_ts):
+            self.bus.publish(INCIDENTS, inc.host, encode(inc))
+            self.metrics.incident(inc)
 
     def collectors(self) -> list[Any]:
-        return []
+        return [_RegistryProxy(self.metrics.registry)]
 
 
 # --------------------------------------------------------------------------- remediation
