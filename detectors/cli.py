@@ -68,7 +68,9 @@ def cmd_detect(args: argparse.Namespace) -> int:
     metrics = DetectMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    worker = DetectWorker(bus, engine, group=args.group, metrics=metrics)
+    # a live broker going quiet means hosts went quiet: tick staleness on the wall clock; a file
+    # or in-memory bus ending is just the end of a recording
+    worker = DetectWorker(bus, engine, group=args.group, metrics=metrics, idle_tick=args.bus.startswith("kafka"))
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     log.info("detect: %d rules, %d extra detectors, group %s on %s", len(rules.specs), len(extra), args.group, args.bus)
     try:
