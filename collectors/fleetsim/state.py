@@ -119,6 +119,24 @@ class GpuState:
                                    replay=list(n[2]), recovery=list(n[3]))
         self.dirty = False
 
+    def head(self, gen: int) -> bytes:
+        """The encoded GpuSample up to (not including) ``,"temperature_c"``, cached until a counter moves."""
+        if self.dirty:
+            self._refresh()
+            self._pcie.clear()
+        key = (gen, self.width, self.replay)
+        head = self._pcie.get(key)
+        if head is None:
+            if len(self._pcie) > 8:
+                self._pcie.clear()
+            s = self.spec
+            pcie = PcieLink(gen_current=gen, gen_max=5, width_current=self.width, width_max=16,
+                            replay_counter=self.replay, replay_rollover=0)
+            head = self._pcie[key] = encode(GpuSample(
+                index=s.index, uuid=self.uuid, pci_bus_id=s.nvml_bus_id, name=GPU_NAME, ecc=self._ecc,
+                remapped_rows=self._remap, pcie=pcie, nvlink=self._nvl))[:-1]
+        return head
+
     def render(self, temp: int, power: float, util: int) -> bytes:
         """This GPU's JSON object, byte-identical to ``encode(GpuSample(...))``: the part before the
         temperature is cached until a counter moves; only the per-poll tail is encoded each time."""
@@ -126,20 +144,7 @@ class GpuState:
         if self.lost:
             return encode(GpuSample(index=s.index, uuid=self.uuid, pci_bus_id=s.nvml_bus_id, name=GPU_NAME,
                                     present=False, nvml_error="GPU_IS_LOST"))
-        if self.dirty:
-            self._refresh()
-            self._pcie.clear()
-        gen = 5 if util > 0 else 1  # ASPM/power saving: an idle H100 trains down to gen1
-        key = (gen, self.width, self.replay)
-        head = self._pcie.get(key)
-        if head is None:
-            if len(self._pcie) > 8:
-                self._pcie.clear()
-            pcie = PcieLink(gen_current=gen, gen_max=5, width_current=self.width, width_max=16,
-                            replay_counter=self.replay, replay_rollover=0)
-            head = self._pcie[key] = encode(GpuSample(
-                index=s.index, uuid=self.uuid, pci_bus_id=s.nvml_bus_id, name=GPU_NAME, ecc=self._ecc,
-                remapped_rows=self._remap, pcie=pcie, nvlink=self._nvl))[:-1]
+        head = self.head(5 if util > 0 else 1)  # ASPM/power saving: an idle H100 trains down to gen1
         clk = self.clk_fault | (CLK_GPU_IDLE if util == 0 else 0)
         xids = self.xids
         if xids:
@@ -202,8 +207,9 @@ class HostState:
         self.driver = ""
         self.seq = 0
         self.quiet_until = -1  # tick index before which the host sends nothing
-        self._ports = b""
+        self._ports: msgspec.Raw | list = []
         self.events: list[KernelEvent] = []
+        self.tmpl_mid = b""  # the fast path's cached Sample fragment before the first GPU (fastpath.build)
         self.aer_dirty = self.edac_dirty = True
         self._aer: msgspec.Raw | list = []
         self._edac: msgspec.Raw | list = []
@@ -247,6 +253,12 @@ class HostState:
         self.edac_ue = [0] * len(self.edac_ue)
         self.aer_dirty = self.edac_dirty = True
 
+    def render_ports(self) -> msgspec.Raw | list:
+        ports = self.ports
+        if any(p.dirty for p in ports):
+            self._ports = _raw_list([encode(p.render()) for p in ports])
+        return self._ports
+
     def _render_aer(self) -> msgspec.Raw | list:
         """AER counters as sysfs has them, sparse: the TOTAL_* lines always, other names once non-zero."""
         if self.aer_dirty:
@@ -274,16 +286,13 @@ class HostState:
         """One poll as contract bytes, equal to ``encode(Sample(...))`` (tested)."""
         self.seq += 1
         gpus = [g.render(temps[i], powers[i], utils[i]) for i, g in enumerate(self.gpus) if g.lost != 2]
-        ports = self.ports
-        if any(p.dirty for p in ports):
-            self._ports = _raw_list([encode(p.render()) for p in ports])
         ev = self.events
         if ev:
             self.events = []
         sp = self.spec
         return encode(Sample(host=sp.name, cluster=sp.cluster, rack=sp.rack, ts=ts, seq=self.seq,
                              collector_version=COLLECTOR_VERSION, boot_id=self.boot_id, driver_version=self.driver,
-                             expected_gpus=GPUS_PER_HOST, gpus=_raw_list(gpus), net_ports=self._ports,  # type: ignore[arg-type]
+                             expected_gpus=GPUS_PER_HOST, gpus=_raw_list(gpus), net_ports=self.render_ports(),  # type: ignore[arg-type]
                              aer=self._render_aer(), edac=self._render_edac(), kernel_events=ev))  # type: ignore[arg-type]
 
 
