@@ -161,6 +161,8 @@ class CounterRule(Evaluator):
         s = self.slot
         prev = mem[s]
         mem[s] = v
+        if st.epoch_changed and mem[s + 1] is not None:
+            mem[s + 1].clear()  # errors of the link / board before a reboot (or repair) are history
         if prev is None:
             self.population += 1
             if not (v and (self.absolute_first or st.snapshot)):

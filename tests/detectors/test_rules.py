@@ -109,6 +109,21 @@ def test_symbol_error_rate_but_saturated_counter_is_no_storm(rules):
     assert run(rules, [sym(65535)] * 30) == []
 
 
+def test_rate_windows_start_over_after_a_reboot(rules):
+    """A cable replaced during a repair reboot: its old symbol errors no longer count."""
+    hs = HostSeries()
+    engine = DetectorEngine(rules)
+
+    def sym(n):
+        def fn(s):
+            s.net_ports[2] = replace(s.net_ports[2], counters={**s.net_ports[2].counters, "symbol_error": n})
+        return fn
+    out = run(rules, [sym(0), sym(4), sym(8)], hs, engine)
+    hs.base = replace(hs.base, boot_id="boot-after-repair")
+    out += run(rules, [sym(0), sym(1), sym(2)], hs, engine)
+    assert out == []
+
+
 def test_pcie_gen_below_max_at_idle_is_power_saving_not_a_fault(rules):
     hs = HostSeries()
     idle = set_gpu(4, pcie=replace(hs.base.gpus[4].pcie, gen_current=1), utilization_pct=0.0)
