@@ -29,6 +29,10 @@ Scenarios: default; flapping-cable (extra long-flapping cables, some fail); sbe-
 new driver: all counters reset, new boot_id, no faults from it).
 
   fleethealth simulate --hosts 64 --duration 2h --interval 30 --seed 1 --fault-rate 2000 --out smoke.jsonl.gz
+
+Speed (2 cores): a 512-host day at 30 s (1.47 M samples, ~20 GB of JSON) is generated in well under
+a minute; writing .jsonl adds the disk; .jsonl.gz is bound by zlib (two worker threads, one gzip
+member per 32 MiB chunk; --gzip-level 1 is the fastest).
 """
 
 REPLAY_HELP = """\
@@ -55,6 +59,8 @@ def register(sub: Any) -> None:
     flag(p, "--scenario", default="default", choices=["default", "flapping-cable", "sbe-storm-no-uce", "driver-update"],
          help="hard case to add")
     flag(p, "--out", required=True, metavar="PATH", help="output .jsonl or .jsonl.gz")
+    flag(p, "--gzip-level", type=int, default=1, choices=range(10), metavar="0-9",
+         help="gzip level for .jsonl.gz: 1 = fastest (default), 6 = ~40%% smaller at ~2.5x the CPU")
     flag(p, "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_simulate)
 
@@ -90,7 +96,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     spec.check()
     t0 = time.perf_counter()
     with _bar(spec.hosts * spec.ticks, args.quiet, "samples") as bar:
-        res = simulate(spec, out, bar.update)
+        res = simulate(spec, out, bar.update, gzip_level=args.gzip_level)
     dt = time.perf_counter() - t0
     faults = sum(res.faults.values())
     print(f"wrote {res.samples} samples ({res.dropped_samples} dropped in transit on purpose) and {faults} faults "

@@ -7,15 +7,11 @@ polls at a fixed phase within the interval plus jitter, and a late poll keeps it
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -33,6 +29,7 @@ from .topology import (
     make_boot_id,
     make_uuid,
 )
+from .writer import DEFAULT_GZIP_LEVEL, ChunkWriter
 
 log = logging.getLogger("fleethealth.simulate")
 
@@ -203,10 +200,12 @@ class Simulation:
 
     # ------------------------------------------------------------------ the loop
     def run(self, emit: Callable[[bytes], None] | None = None, progress: Callable[[int], None] | None = None, *,
-            emit_block: Callable[[bytes], None] | None = None, fast: bool = True) -> RunResult:
+            emit_block: Callable[[bytes], None] | None = None,
+            emit_parts: Callable[[list[bytes]], None] | None = None, fast: bool = True) -> RunResult:
         """Poll every host every interval. Lines, sorted by (ts, host), go to ``emit`` one by one (no
-        newline) or to ``emit_block`` as one newline-terminated block per interval (cheaper: the
-        fragments are joined once). ``fast=False`` renders every line through the general path (the
+        newline), or to ``emit_block`` as one newline-terminated block per interval (cheaper: the
+        fragments are joined once), or to ``emit_parts`` as the list of fragments whose concatenation
+        is that block (cheapest: the receiver joins them, e.g. on another thread). ``fast=False`` renders every line through the general path (the
         same bytes; tests compare the two)."""
         spec, tl, hosts = self.spec, self.tl, self.hosts
         H, iv = spec.hosts, spec.interval_s
@@ -259,7 +258,9 @@ class Simulation:
             ts = np.round(t0 + self.phase + jitter, 3)
             n, dropped, rows = asm.poll(t, ts, temp, power, util, busy, miss, touched)
             res.dropped_samples += dropped
-            if emit_block is not None:
+            if emit_parts is not None:
+                emit_parts(rows.ravel().tolist())
+            elif emit_block is not None:
                 emit_block(b"".join(rows.ravel().tolist()))
             elif emit is not None:
                 for r in rows.tolist():
@@ -294,12 +295,13 @@ class Simulation:
         return out
 
 
-def simulate(spec: RunSpec, out: Path, progress: Callable[[int], None] | None = None) -> RunResult:
+def simulate(spec: RunSpec, out: Path, progress: Callable[[int], None] | None = None,
+             gzip_level: int = DEFAULT_GZIP_LEVEL) -> RunResult:
     """Write the telemetry to ``out`` (.jsonl or .jsonl.gz), ground truth and run metadata beside it."""
     sim = Simulation(spec)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with ChunkWriter(out) as w:
-        res = sim.run(progress=progress, emit_block=w.add_block)
+    with ChunkWriter(out, level=gzip_level) as w:
+        res = sim.run(progress=progress, emit_parts=w.add_parts)
     tp = truth_path(out)
     with open(tp, "w", encoding="utf-8", newline="\n") as fh:
         for rec in sim.truth_records():
@@ -315,64 +317,6 @@ def simulate(spec: RunSpec, out: Path, progress: Callable[[int], None] | None = 
     res.truth_path, res.meta_path = str(tp), str(mp)
     log.info("simulated %d samples, %d faults", res.samples, len(sim.faults))
     return res
-
-
-class ChunkWriter:
-    """Lines to ``.jsonl`` or ``.jsonl.gz`` in large chunks; compression runs on a second thread (zlib
-    releases the GIL), so on two cores generating and compressing overlap. gzip header: mtime=0 and
-    no file name, so the bytes depend only on the content."""
-
-    CHUNK = 4 << 20
-
-    def __init__(self, path: Path, level: int = 6) -> None:
-        self._raw = open(path, "wb")  # noqa: SIM115
-        self._fh: Any = (gzip.GzipFile(filename="", fileobj=self._raw, mode="wb", compresslevel=level, mtime=0)
-                         if path.name.endswith(".gz") else self._raw)
-        self._buf: list[bytes] = []
-        self._size = 0
-        self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
-        self._err: BaseException | None = None
-        self._t = threading.Thread(target=self._drain, name="fleetsim-writer", daemon=True)
-        self._t.start()
-
-    def _drain(self) -> None:
-        while (chunk := self._q.get()) is not None:
-            if self._err is None:
-                try:
-                    self._fh.write(chunk)
-                except BaseException as exc:  # reported on close, in the caller's thread
-                    self._err = exc
-
-    def add_block(self, block: bytes) -> None:
-        """Newline-terminated lines, written as they are (no copy) once the pending lines are out."""
-        self._flush()
-        if block:
-            self._q.put(block)
-
-    def add(self, line: bytes) -> None:
-        self._buf.append(line)
-        self._size += len(line) + 1
-        if self._size >= self.CHUNK:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._buf:
-            self._buf.append(b"")
-            self._q.put(b"\n".join(self._buf))
-            self._buf, self._size = [], 0
-
-    def __enter__(self) -> ChunkWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._flush()
-        self._q.put(None)
-        self._t.join()
-        if self._fh is not self._raw:
-            self._fh.close()
-        self._raw.close()
-        if self._err is not None:
-            raise self._err
 
 
 def _driver_reload(hs: HostState, ts: float) -> None:
