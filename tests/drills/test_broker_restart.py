@@ -1,0 +1,102 @@
+"""Drill: the Kafka broker stops and comes back in the middle of a stream.
+
+A simulated fleet is replayed (``fleethealth replay --to kafka``) into a private broker while a real
+``fleethealth detect`` and a real ``fleethealth remediate`` consume as consumer groups; the broker
+is stopped mid-stream and restarted on the same log dir. Afterwards:
+
+* no sample lost: every (host, seq) of the recording is on the telemetry topic, and the detect
+  group has committed past all of them;
+* no incident lost: the episodes the detect worker opened are exactly those an uninterrupted
+  in-process run of the same recording opens (same stable ids);
+* every opened incident reached remediation, and no duplicate action: each idempotency key is in
+  the audit once, each incident has at most one final drain and at most one ticket_opened.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fleethealth.bus import TELEMETRY, TOPICS
+from fleethealth.kafka_bus import ensure_topics
+from fleethealth.schema import decode_sample
+from tests.drills import harness as h
+from tests.drills.private_kafka import PrivateKafka
+
+pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]
+PUBLISH_BUG = ("detectors/worker.py: a BusError while publishing a batch's incidents (broker down longer than "
+               "max_block_ms) is caught by run(), which polls on: the batch is never re-read (position moved, "
+               "offsets not committed, no rebalance) and its unpublished incidents are lost (reported to the lead)")
+
+
+@pytest.mark.xfail(reason=PUBLISH_BUG, strict=False)
+def test_broker_restart_mid_stream_loses_nothing_and_acts_once(tmp_path: Path, private_kafka: PrivateKafka) -> None:
+    broker = private_kafka
+    rec = h.recording(tmp_path, hosts=64, duration_s=1200, fault_rate=50, min_per_mode=2, seed=3)
+    keys = h.sample_keys(rec)
+    ref = h.opened(h.reference_incidents(rec))
+    assert len(ref) >= 20, "the recording must carry enough faults to make the drill mean something"
+
+    ensure_topics(broker.bootstrap, TOPICS, 8)
+    det = h.detect("detect", tmp_path, broker.bootstrap, "drill-detect")
+    rem = h.remediate("remediate", tmp_path, broker.bootstrap, "drill-remediate", tmp_path / "state.sqlite")
+    replay = h.spawn("replay", h.cli("replay", str(rec), "--to", f"kafka:{broker.bootstrap}", "--quiet"), tmp_path)
+    try:
+        # mid-stream: some samples are on the topic, most are not
+        h.wait_until(lambda: (h.group_lag(broker.bootstrap, "drill-detect", TELEMETRY) or 0) > 0
+                     or not replay.alive(), 30, 0.2, "the stream to start")
+        time.sleep(2.0)
+        assert replay.alive(), "the replay finished before the broker was stopped: make the recording longer"
+        broker.restart(down_s=3.0)
+
+        assert replay.popen.wait(120) == 0, replay.text()[-3000:]
+        h.wait_until(lambda: h.group_lag(broker.bootstrap, "drill-detect", TELEMETRY) == 0, 60, 1.0,
+                     "the detect group to commit past the last sample")
+        on_topic = Counter((s.host, s.seq) for s in map(decode_sample, h.read_topic(broker.bootstrap, TELEMETRY)))
+        incidents = h.read_incidents(broker.bootstrap)
+        got = h.opened(incidents)
+        h.wait_until(lambda: _sightings(tmp_path) >= set(got), 60, 1.0, "remediation to see every incident")
+        assert det.alive(), f"detect died across the broker restart:\n{det.text()[-3000:]}"
+        assert rem.alive(), f"remediate died across the broker restart:\n{rem.text()[-3000:]}"
+    finally:
+        replay.kill()
+        det.stop()
+        rem.stop()
+
+    assert broker.restarts == 1
+    # no sample lost on the way in (duplicates from producer retries would show as counts > 1)
+    assert set(on_topic) == keys, f"lost {len(keys - set(on_topic))} samples, e.g. {sorted(keys - set(on_topic))[:5]}"
+    summary = det.text().strip().splitlines()[-1]
+    assert int(summary.split()[0]) >= len(keys), summary  # the detector fed at least every sample
+
+    # no incident lost, none invented
+    assert set(got) - set(ref) == set(), [(got[i].host, got[i].failure_mode) for i in set(got) - set(ref)]
+    assert set(ref) - set(got) == set(), [(ref[i].host, ref[i].failure_mode) for i in set(ref) - set(got)]
+
+    # remediation acted once per decision
+    db = sqlite3.connect(tmp_path / "state.sqlite")
+    dup_keys = db.execute("SELECT action_id, COUNT(*) FROM audit GROUP BY action_id HAVING COUNT(*) > 1").fetchall()
+    assert dup_keys == []
+    drains = db.execute("SELECT incident_id, COUNT(*) FROM audit WHERE kind='drain' AND outcome IN "
+                        "('done','skipped','dry_run') GROUP BY incident_id HAVING COUNT(*) > 1").fetchall()
+    assert drains == []
+    tickets = db.execute("SELECT incident_id, COUNT(*) FROM audit WHERE kind='ticket_opened' "
+                         "GROUP BY incident_id HAVING COUNT(*) > 1").fetchall()
+    assert tickets == []
+    assert db.execute("SELECT COUNT(*) FROM audit WHERE kind='ticket_opened'").fetchone()[0] > 0
+
+
+def _sightings(tmp: Path) -> set[str]:
+    try:
+        db = sqlite3.connect(tmp / "state.sqlite", timeout=5)
+        try:
+            return {r[0] for r in db.execute("SELECT incident_id FROM sightings")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return set()
+
