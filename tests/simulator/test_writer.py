@@ -57,3 +57,13 @@ def test_bad_level_and_worker_errors_are_raised(tmp_path: Path) -> None:
     with pytest.raises(TypeError), Small(tmp_path / "y.jsonl.gz") as w:
         w.add_parts(["not bytes"] * 10, size=10_000)  # type: ignore[list-item]
         w.add_parts([b"x\n"], size=10_000)
+
+
+def test_write_all_spans_many_writev_batches(tmp_path: Path) -> None:
+    from collectors.fleetsim.writer import IOV_MAX, write_all
+
+    parts = [b"%d," % i for i in range(3 * IOV_MAX + 7)] + [b""]
+    p = tmp_path / "v.bin"
+    with open(p, "wb", buffering=0) as fh:
+        write_all(fh.fileno(), parts)
+    assert p.read_bytes() == b"".join(parts)
