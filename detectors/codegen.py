@@ -136,6 +136,75 @@ def _newmem(st: HostState, k: int, scope: str, i: int, rid: Any, rid2: Any, comp
     return mem
 
 
+def _gauges(scope: str) -> set[str]:
+    typ = SCOPES[scope][0]
+    return {f for f, a in typ.__annotations__.items() if "Gauge" in str(a)}
+
+
+def _inputs(ev: Evaluator) -> tuple[list[str], bool] | None:
+    """(attributes an evaluator reads, reads a gauge?) — None when it cannot be gated."""
+    if isinstance(ev, CounterGroup):
+        return [ev.group], False
+    if isinstance(ev, ConditionRule):
+        paths = [ev.expr.lhs] + ([ev.expr.rhs] if isinstance(ev.expr.rhs, Path) else [])
+        attrs = [p.chain[0] for p in paths]
+        if ev.spec.params.get("when"):
+            from detectors.expr import parse_expr
+
+            attrs.append(parse_expr(ev.spec.params["when"]).lhs.chain[0])
+        return attrs, bool(set(attrs) & _gauges(ev.scope))
+    if isinstance(ev, FlappingRule):
+        return [ev.path.chain[0]], False
+    if isinstance(ev, PresenceRule) and ev.check_kind in ("not_present", "nvml_error"):
+        return [{"not_present": "present", "nvml_error": "nvml_error"}[ev.check_kind]], False
+    return None
+
+
+def _gated(g: _Gen, scope: str, evs: list[Evaluator], n: int, ind: str) -> list[str]:
+    """Rules whose inputs are all unchanged since the last sample and that were all quiet then
+    are skipped as a block: one tuple comparison of sub-structures instead of every rule. Rules
+    reading gauges (temperature, utilisation) run every time."""
+    gated, always, attrs, live = [], [], [], []
+    for ev in evs:
+        info = _inputs(ev)
+        if info is None or info[1]:
+            always.append(ev)
+            continue
+        gated.append(ev)
+        for a in info[0]:
+            if isinstance(ev, CounterGroup) and ev.dict_keys is not None:
+                a = f"{a}|" + ",".join(ev.dict_keys)
+            if a not in attrs:
+                attrs.append(a)
+        if isinstance(ev, FlappingRule):
+            live.append(f"(mem[{ev.slot}] is not None and len(mem[{ev.slot}].changes) > 0)")
+        elif not isinstance(ev, CounterGroup):
+            live.append(f"mem[{ev.slot}]")
+    lines: list[str] = []
+    if gated:
+        parts = []
+        for a in attrs:
+            if "|" in a:
+                name, keys = a.split("|")
+                parts.append(f"SNAPKEYS(e.{name}, {tuple(keys.split(','))!r})")
+            else:
+                parts.append(f"e.{a}")
+        g.ns["SNAPKEYS"] = _snapkeys
+        snap, flag = n, n + 1
+        lines += [f"snap = ({', '.join(parts)},)", f"if ep or mem[{flag}] or snap != mem[{snap}]:",
+                  f"    mem[{snap}] = snap"]
+        for ev in gated:
+            lines += ["    " + ln for ln in g.rule_lines(ev)]
+        lines.append(f"    mem[{flag}] = bool({' or '.join(live) or 'False'})")
+    for ev in always:
+        lines += g.rule_lines(ev)
+    return [ind + ln for ln in lines]
+
+
+def _snapkeys(d: Any, keys: tuple[str, ...]) -> Any:
+    return None if d is None else tuple(map(d.get, keys))
+
+
 def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]]) -> Any:
     """Return ``evaluate(st, sample, out)`` for the (scope, evaluators, slots) of a RuleSet."""
     g = _Gen()
@@ -166,13 +235,12 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]]) -> Any:
         body += [f"{ind}rid = {rid}", f"{ind}rid2 = {rid2}",
                  f"{ind}mem = pc[i] if i < len(pc) and pc[i][1] == rid and pc[i][2] == rid2 else None",
                  f"{ind}if mem is None:",
-                 f"{ind}    mem = NEWMEM(st, {k}, {scope!r}, i, rid, rid2, {name}, {n})",
+                 f"{ind}    mem = NEWMEM(st, {k}, {scope!r}, i, rid, rid2, {name}, {n + 2})",
                  f"{ind}    if mem is None:", f"{ind}        continue",
                  f"{ind}comp = mem[0]"]
         if scope == "gpu":
             body += [f"{ind}if e.xids:", f"{ind}    any_xid = True"]
-        for ev in evs:
-            body += [ind + ln for ln in g.rule_lines(ev)]
+        body += _gated(g, scope, evs, n, ind)
     src = "\n".join(body) + "\n"
     code = compile(src, "<detectors.codegen>", "exec")
     exec(code, g.ns)
