@@ -216,8 +216,9 @@ def committed(bootstrap: str, group: str, topic: str) -> int:
     return sum(max(om.offset, 0) for tp, om in offs.items() if tp.topic == topic)
 
 
-def group_members(bootstrap: str, group: str) -> int:
-    """Members of a consumer group in a stable state (0 while it rebalances or cannot be asked)."""
+def describe_group(bootstrap: str, group: str) -> tuple[str, int]:
+    """(state, members) of a consumer group: ("Stable", 2), ("Empty", 0), ("PreparingRebalance", 1) ...;
+    ("", 0) when the coordinator cannot be asked right now."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
@@ -228,11 +229,14 @@ def group_members(bootstrap: str, group: str) -> int:
         finally:
             admin.close()
     except KafkaError:
-        return 0
-    g = d.get(group) if isinstance(d, dict) else (d[0] if d else None)
-    if g is None:
-        return 0
-    get = g.get if isinstance(g, dict) else lambda k, default=None: getattr(g, k, default)
-    if str(get("state", get("group_state", ""))).lower() != "stable":
-        return 0
-    return len(get("members", []) or [])
+        return "", 0
+    g = d.get(group) if isinstance(d, dict) else None
+    if not g:
+        return "", 0
+    return str(g.get("group_state", "")), len(g.get("members") or [])
+
+
+def group_members(bootstrap: str, group: str) -> int:
+    """Members of a consumer group in a stable state (0 while it rebalances or cannot be asked)."""
+    state, n = describe_group(bootstrap, group)
+    return n if state.lower() == "stable" else 0
