@@ -104,7 +104,7 @@ def evaluate_dram(p: Parsed, host: str, rules: DiagnoseRules) -> list[Finding]:
                 ue.append(make(host, f.component, "host_dram_uce", "edac_ue", f"{f.attrs['count']} uncorrected "
                                f"memory error(s): {f.attrs['what']}", f.line))
             else:
-                ce_log[f.component] += [f.line] * f.attrs["count"]
+                ce_log[f.component] += [f.line] * min(f.attrs["count"], 10_000)  # a logged count of 2**64-1 must not build a list that size
         elif f.kind == "mce_record" and f.attrs.get("memory") and not have_edac_lines:
             if f.attrs["uncorrected"]:
                 ue.append(make(host, f.component, "host_dram_uce", "mce_memory_ue",
