@@ -25,8 +25,8 @@ Models are written to --out as skops archives (no code runs on load; types are c
 allow-list) with a JSON sidecar: version, feature names, training seeds and sizes, sklearn
 version, metrics. The shipped model in detectors/models/ was made with:
 
-  fleethealth train --hosts 48 --duration 6h --interval 10 --seed 1 --seed 2 --holdout-seed 99 \\
-      --fault-rate 300 --out detectors/models/
+  fleethealth train --hosts 24 --duration 3h --interval 10 --seed 1 --seed 2 --holdout-seed 99 \\
+      --fault-rate 2000 --min-per-mode 2 --out detectors/models/
 """
 
 
@@ -42,14 +42,15 @@ def _duration(text: str) -> float:
 def register_train(sub: Any) -> None:
     p = sub.add_parser("train", help="fit the ML detectors on simulated labelled fleets", description=TRAIN_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    flag(p, "--hosts", type=int, default=48, help="hosts per simulated training fleet")
-    flag(p, "--duration", type=_duration, default=6 * 3600.0, help="length of each training fleet: 90s, 30m, 6h, 1d")
+    flag(p, "--hosts", type=int, default=32, help="hosts per simulated training fleet")
+    flag(p, "--duration", type=_duration, default=4 * 3600.0, help="length of each training fleet: 90s, 30m, 6h, 1d")
     flag(p, "--interval", type=float, default=10.0, help="seconds between samples of one host")
     flag(p, "--seed", type=int, action="append", dest="seeds",
          help="a training fleet's seed (repeat for several; default 1 and 2)")
     flag(p, "--holdout-seed", type=int, default=99, help="seed of the validation fleet, never trained on")
-    flag(p, "--fault-rate", type=float, default=300.0,
+    flag(p, "--fault-rate", type=float, default=2000.0,
          help="multiplier on the default fault rates (training needs many faults)")
+    flag(p, "--min-per-mode", type=int, default=2, help="at least this many faults of every mode per fleet")
     flag(p, "--window", type=float, default=60.0, help="feature window, seconds of sample time")
     flag(p, "--threshold", type=float, default=0.9, help="minimum class probability for a classifier finding")
     flag(p, "--out", type=Path, default=Path("detectors/models"), help="folder for the model files")
@@ -80,7 +81,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     def load(seed: int) -> Any:
         bar.set_postfix_str(f"seed {seed}")
         return simulate_fleet(seed, cfg.hosts, cfg.duration_s, cfg.interval_s, cfg.fault_rate, cfg.window_s,
-                              tick=lambda: bar.update(1))
+                              tick=lambda: bar.update(1), min_per_mode=args.min_per_mode)
 
     with bar:
         res = train(cfg, load)

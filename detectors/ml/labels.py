@@ -28,12 +28,15 @@ class Fault:
     start: float
     end: float | None = None
 
-    def overlaps(self, t0: float, t1: float) -> bool:
-        return self.start <= t1 and (self.end if self.end is not None else math.inf) >= t0
+    def overlaps(self, t0: float, t1: float, grace_s: float = 0.0) -> bool:
+        return self.start <= t1 and (self.end if self.end is not None else math.inf) + grace_s >= t0
 
 
 class FaultIndex:
-    def __init__(self, faults: Iterable[Fault]) -> None:
+    def __init__(self, faults: Iterable[Fault], grace_s: float = 0.0) -> None:
+        """``grace_s``: a fault still labels windows that long after its recorded end (evaluation
+        uses a grace so that telemetry lagging the ground truth's end is not a false finding)."""
+        self.grace_s = grace_s
         self.by_host: dict[str, list[Fault]] = defaultdict(list)
         for f in faults:
             if f.failure_mode not in NOT_SCORED:
@@ -52,7 +55,7 @@ class FaultIndex:
         gpu_of.update({p: i for i, p in enumerate(w.gpu_pci) if p})
         port_of = {c: i for i, c in enumerate(w.port_ids)}
         for f in faults:
-            if not f.overlaps(w.t0, w.ts):
+            if not f.overlaps(w.t0, w.ts, self.grace_s):
                 continue
             comp = f.component
             if comp in gpu_of or pci_key(comp) in gpu_of:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; model files are shipped and read by other users
     os.replace(tmp, path)
 
 
@@ -73,7 +75,7 @@ def save_model(model_dir: Path, name: str, estimators: dict[str, Any], meta: dic
     """Write ``<name>.skops`` and its sidecar ``<name>.json`` atomically; return both paths."""
     model_dir.mkdir(parents=True, exist_ok=True)
     archive = model_dir / f"{name}.skops"
-    _atomic_write(archive, sio.dumps(estimators))
+    _atomic_write(archive, sio.dumps(estimators, compression=zipfile.ZIP_DEFLATED, compresslevel=9))
     untrusted = [t for t in sio.get_untrusted_types(file=archive) if t not in TRUSTED_TYPES]
     if untrusted:  # a new sklearn may add internal types: fail at save, not at every load
         archive.unlink()

@@ -6,8 +6,9 @@ median, on log rates for counters — so load, ambient temperature and workload 
 
 1. an *envelope* learned on healthy training windows: per deviation feature, ``k`` times its 99.9th
    percentile on healthy data, and never below an absolute floor (8 °C, one e-fold of rate ...);
-2. an IsolationForest fitted on healthy deviation vectors confirms the row is an outlier as a whole
-   (``score_samples`` below the healthy 0.1th percentile);
+2. an IsolationForest fitted on healthy deviation vectors confirms the row is unusual as a whole
+   (``score_samples`` below the healthy 5th percentile: the forest's score saturates outside its
+   training range, so it confirms rather than decides);
 3. the outlier must persist ``persist`` consecutive windows (3 by default).
 
 Only rows outside the envelope reach the forest, so sklearn stays off the hot path. A finding names

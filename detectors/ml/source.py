@@ -62,7 +62,9 @@ def read_recording(path: Path, window_s: float, tick: Callable[[], None] | None 
 
 
 def simulate_fleet(seed: int, hosts: int, duration_s: float, interval_s: float, fault_rate: float,
-                   window_s: float, tick: Callable[[], None] | None = None) -> Fleet:
+                   window_s: float, tick: Callable[[], None] | None = None, min_per_mode: int = 0) -> Fleet:
+    """Simulate one labelled fleet (``min_per_mode`` faults of every mode at least, where the
+    simulator's API offers it) and return its windows and ground truth."""
     tmp = Path(tempfile.mkdtemp(prefix="fleethealth-train-"))
     try:
         out = tmp / f"seed{seed}.jsonl.gz"
@@ -77,7 +79,8 @@ def simulate_fleet(seed: int, hosts: int, duration_s: float, interval_s: float, 
             if res.returncode != 0:
                 raise UserError(f"`fleethealth simulate` failed ({res.returncode}): {res.stderr[-500:]}") from None
         else:
-            spec = RunSpec(hosts=hosts, duration_s=duration_s, interval_s=interval_s, seed=seed, fault_rate=fault_rate)
+            spec = RunSpec(hosts=hosts, duration_s=duration_s, interval_s=interval_s, seed=seed, fault_rate=fault_rate,
+                           min_per_mode=min_per_mode)
             spec.check()
             simulate(spec, out)
         return read_recording(out, window_s, tick)

@@ -68,10 +68,21 @@ class _Top:
         return [Evidence(fact=f"{n}={v:.4g} over the window", ts=ts) for _, n, v in nz[:k]]
 
 
+def single_threaded() -> None:
+    """Score on one OpenMP thread. Our predictions are a few rows at a time; with OpenMP's default
+    (one thread per core) each call pays thread wake-up and, on a busy host, spin-waits for cores
+    that other workers hold — seconds per call under load. Process-wide on purpose: a detect worker
+    is one core's worth of work, and scaling out is by consumer-group members, not threads."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="openmp")
+
+
 class SupervisedDetector:
     """``feed(sample) -> list[Finding]`` from the trained per-kind classifiers."""
 
     def __init__(self, estimators: dict[str, Any], meta: dict[str, Any], stream: FeatureStream | None = None) -> None:
+        single_threaded()
         self.models = estimators
         self.meta = meta
         self.version = str(meta.get("version", "0"))
@@ -109,7 +120,8 @@ class SupervisedDetector:
                 mode = str(self.models[kind].classes_[labels[i]])
                 if mode == FailureMode.HEALTHY or probs[i] < self.threshold:
                     continue
-                out.append(self._finding(w, ids[i], mode, float(probs[i]), self._top[kind].evidence(m[i], w.ts)))
+                comp = ids[i] if kind != "host" or mode.startswith("host_dram") else "host"
+                out.append(self._finding(w, comp, mode, float(probs[i]), self._top[kind].evidence(m[i], w.ts)))
         return out
 
     def _finding(self, w: WindowFeatures, comp: str, mode: str, p: float, ev: list[Evidence]) -> Finding:
