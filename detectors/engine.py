@@ -91,6 +91,17 @@ class DetectorEngine:
     # ------------------------------------------------------------------ feeding
 
     def feed(self, sample: Sample) -> list[Incident]:
+        return self._feed(sample, True)
+
+    def replay(self, sample: Sample) -> None:
+        """Rebuild state from a sample another worker already handled (after a partition moved here):
+        per-host state, windows and episodes advance exactly as in ``feed`` (an episode keeps its
+        first_seen, hence its id), but nothing is returned, fleet time does not move and no
+        fleet-wide tick runs (it would resolve or age the hosts this worker already owns)."""
+        self.stats["replayed"] += 1
+        self._feed(sample, False)
+
+    def _feed(self, sample: Sample, live: bool) -> list[Incident]:
         out: list[Incident] = []
         st = self.hosts.get(sample.host)
         if st is None:
@@ -99,7 +110,8 @@ class DetectorEngine:
         if skip:
             self.stats[skip] += 1
             return out
-        self.stats["samples"] += 1
+        if live:
+            self.stats["samples"] += 1
         ts = sample.ts
         if self.episodes.has_open(sample.host, "host", frozenset({UNREACHABLE})):
             out.extend(self.episodes.clear(sample.host, ts, "telemetry resumed", "host"))
@@ -116,7 +128,7 @@ class DetectorEngine:
         if findings:
             out.extend(self._combine(findings, 3.0 * st.interval_s))
         out.extend(self.episodes.expire(sample.host, ts))
-        if ts > self.fleet_ts:
+        if live and ts > self.fleet_ts:
             self.fleet_ts = ts
             if ts - self._last_tick >= self.tick_every_s:
                 out.extend(self.tick(ts))
@@ -210,8 +222,13 @@ class DetectorEngine:
             d.reset()
 
     def forget_host(self, host: str) -> None:
-        """Drop a host's state (its partition moved to another worker after a rebalance)."""
+        """Drop everything about a host, silently (its partition moved to another worker after a
+        rebalance: the new owner rebuilds it and speaks for its episodes from now on)."""
         self.hosts.pop(host, None)
+        self.episodes.drop_host(host)
+        for b in self.rules.baselines.values():
+            for key in [k for k in b.rates if k[0] == host]:
+                del b.rates[key]
 
 
 class _Facts(dict[str, Any]):

@@ -145,6 +145,11 @@ class IncidentEpisodes:
                 out.append(self._resolve(key, reason, now))
         return out
 
+    def drop_host(self, host: str) -> None:
+        """Forget a host's open episodes without resolving them (another worker owns the host now)."""
+        for key in self.by_host.pop(host, set()):
+            self.open.pop(key, None)
+
     def has_open(self, host: str, component: str | None = None, modes: frozenset[str] | None = None) -> bool:
         for _, c, m in self.by_host.get(host, ()):
             if (component is None or c == component) and (modes is None or m in modes):

@@ -8,6 +8,9 @@ fleethealth_detect_last_sample_age_seconds{host}      fleet time minus the host'
 fleethealth_detect_open_episodes{failure_mode}
 fleethealth_detect_consumer_lag{partition}            Kafka only: end offset minus position
 fleethealth_detect_batch_seconds                      histogram: poll-to-commit time of one batch
+fleethealth_detect_publish_retries_total              publish+flush attempts that the bus did not acknowledge
+fleethealth_detect_rebuilt_samples_total              samples re-fed silently to rebuild state after an assignment
+fleethealth_detect_rebuilds_total                     partitions whose host state was rebuilt from the stream
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ class DetectMetrics:
                              ["reason"], registry=r)
         self.batch_s = Histogram("fleethealth_detect_batch_seconds", "poll-to-commit time of one batch",
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.publish_retries = PCounter("fleethealth_detect_publish_retries",
+                                        "publish+flush attempts that the bus did not acknowledge", registry=r)
+        self.rebuilt_samples = PCounter("fleethealth_detect_rebuilt_samples",
+                                        "samples re-fed silently to rebuild host state after a partition assignment",
+                                        registry=r)
+        self.rebuilds = PCounter("fleethealth_detect_rebuilds", "partitions whose host state was rebuilt",
+                                 registry=r)
         self._engine: Any = None
         self._consumer: Any = None
         self._lag: dict[int, int] = {}

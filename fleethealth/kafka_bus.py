@@ -9,7 +9,9 @@ pass straight through from config.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from fleethealth.bus import BusError, Record
@@ -22,6 +24,15 @@ SECURITY_KEYS = (
     "sasl_kerberos_service_name", "sasl_oauth_token_provider", "ssl_cafile", "ssl_certfile",
     "ssl_keyfile", "ssl_password", "ssl_check_hostname", "ssl_crlfile",
 )
+
+
+def default_compression() -> str:
+    """lz4 where the lz4 package is installed (it is a dependency), else gzip."""
+    try:
+        import lz4.frame  # noqa: F401
+    except ImportError:
+        return "gzip"
+    return "lz4"
 
 
 def _security(extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -38,15 +49,20 @@ class KafkaBus:
         bootstrap: str = "127.0.0.1:9092",
         *,
         client_id: str = "fleethealth",
-        compression: str | None = "gzip",
+        compression: str | None = "auto",
         security: Mapping[str, Any] | None = None,
         request_timeout_ms: int = 15000,
         max_block_ms: int = 10000,
         linger_ms: int = 5,
+        batch_size: int = 256 * 1024,
     ) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
         self._security = _security(security)
+        if compression == "auto":
+            compression = default_compression()
+        elif compression in ("none", ""):
+            compression = None
         self._producer_args = dict(
             bootstrap_servers=bootstrap.split(","),
             client_id=client_id,
@@ -55,6 +71,7 @@ class KafkaBus:
             retries=10,
             max_in_flight_requests_per_connection=1,  # retries must not reorder a host's samples
             linger_ms=linger_ms,
+            batch_size=batch_size,  # the 16 KiB default holds one 14 KB sample; batch per partition instead
             request_timeout_ms=request_timeout_ms,
             max_block_ms=max_block_ms,
             **self._security,
@@ -73,11 +90,13 @@ class KafkaBus:
                 raise BusError(f"cannot connect to Kafka at {self.bootstrap}: {exc}") from exc
         return self._producer
 
-    def publish(self, topic: str, key: str | None, value: bytes) -> None:
+    def publish(self, topic: str, key: str | None, value: bytes) -> Any:
+        """Hand a message to the producer; returns its future (``.is_done``, ``.succeeded()``)."""
         from kafka.errors import KafkaError
 
         try:
-            self.producer.send(topic, key=key.encode() if key else None, value=value)
+            # the future tells the caller whether the broker acknowledged (flush alone does not)
+            return self.producer.send(topic, key=key.encode() if key else None, value=value)
         except KafkaError as exc:
             raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
 
@@ -105,9 +124,9 @@ class KafkaBus:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
+        adapter = KafkaConsumerAdapter(None, self)
         try:
             c = KafkaConsumer(
-                *topics,
                 bootstrap_servers=self.bootstrap.split(","),
                 client_id=self.client_id,
                 group_id=group,
@@ -116,9 +135,11 @@ class KafkaBus:
                 **self._security,
                 **kwargs,
             )
+            c.subscribe(list(topics), listener=_listener(adapter))
         except KafkaError as exc:
             raise BusError(f"cannot join group {group!r} at {self.bootstrap}: {exc}") from exc
-        return KafkaConsumerAdapter(c)
+        adapter._c = c
+        return adapter
 
     def close(self) -> None:
         if self._producer is not None:
@@ -130,28 +151,150 @@ class KafkaBus:
 
 
 class KafkaConsumerAdapter:
-    def __init__(self, consumer: Any) -> None:
+    """The bus Consumer over kafka-python, plus what a stateful consumer needs on a rebalance:
+    ``assignment_changes()`` (events the group coordinator reported since the last call),
+    ``assigned()``, ``committed(partitions)`` and ``history(ends, window_s)`` (records before the
+    committed offsets, read by a separate group-less consumer, so the group position is untouched).
+    """
+
+    def __init__(self, consumer: Any, bus: KafkaBus | None = None) -> None:
         self._c = consumer
+        self._bus = bus
+        self._events: deque[tuple[str, frozenset[tuple[str, int]]]] = deque()
 
     @property
     def raw(self) -> Any:
         return self._c
 
     def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
-        batches = self._c.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        from kafka.errors import KafkaError
+
+        try:
+            batches = self._c.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        except KafkaError as exc:
+            raise BusError(f"Kafka poll failed: {exc}") from exc
         out: list[Record] = []
         for tp, msgs in batches.items():
-            for m in msgs:
-                key = m.key.decode(errors="replace") if m.key is not None else None
-                ts = m.timestamp / 1000.0 if m.timestamp and m.timestamp > 0 else None
-                out.append(Record(tp.topic, tp.partition, m.offset, key, m.value or b"", ts))
+            out.extend(_record(tp, m) for m in msgs)
         return out
 
     def commit(self) -> None:
-        self._c.commit()
+        from kafka.errors import KafkaError
+
+        try:
+            self._c.commit()
+        except KafkaError as exc:
+            raise BusError(f"Kafka commit failed: {exc}") from exc
 
     def close(self) -> None:
-        self._c.close()
+        self._c.close(autocommit=False)
+
+    # ------------------------------------------------------------------ rebalances
+
+    def assignment_changes(self) -> list[tuple[str, frozenset[tuple[str, int]]]]:
+        """("revoked" | "assigned", partitions) events since the last call (from the listener)."""
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
+
+    def assigned(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._c.assignment()}
+
+    def committed(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        try:
+            return {tp: self._c.committed(TopicPartition(*tp)) for tp in partitions}
+        except KafkaError as exc:
+            raise BusError(f"Kafka committed-offset fetch failed: {exc}") from exc
+
+    def history(self, ends: Mapping[tuple[str, int], int], window_s: float,
+                timeout: float = 60.0) -> Iterator[Record]:
+        """Records of each partition from ``window_s`` (by record timestamp) before the record at
+        ``end - 1`` up to ``end`` (exclusive), partition by partition in offset order."""
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.errors import KafkaError
+
+        assert self._bus is not None
+        bus = self._bus
+        c = None
+        try:
+            c = KafkaConsumer(bootstrap_servers=bus.bootstrap.split(","), client_id=bus.client_id + "-rebuild",
+                              group_id=None, enable_auto_commit=False, **bus._security)
+            want = {TopicPartition(*tp): end for tp, end in ends.items()}
+            c.assign(list(want))
+            begin = c.beginning_offsets(list(want))
+            want = {tp: end for tp, end in want.items() if begin[tp] < end}
+            last: dict[Any, int] = {}
+            for tp, end in want.items():
+                c.seek(tp, end - 1)
+            for tp, m in _drain(c, set(want), timeout, lambda tp, m: False):
+                last.setdefault(tp, m.timestamp)
+                c.pause(tp)
+            c.resume(*want)
+            found = c.offsets_for_times({tp: max(0, int(ts - window_s * 1000)) for tp, ts in last.items()})
+            for tp in list(want):
+                hit = found.get(tp)
+                start = max(hit.offset if hit is not None else begin[tp], begin[tp])
+                if start >= want[tp]:
+                    del want[tp]
+                else:
+                    c.seek(tp, start)
+            for tp, m in _drain(c, set(want), timeout, lambda tp, m: m.offset < want[tp] - 1):
+                if m.offset < want[tp]:
+                    yield _record(tp, m)
+        except KafkaError as exc:
+            raise BusError(f"Kafka history read failed: {exc}") from exc
+        finally:
+            if c is not None:
+                c.close(autocommit=False)
+
+
+def _record(tp: Any, m: Any) -> Record:
+    key = m.key.decode(errors="replace") if m.key is not None else None
+    ts = m.timestamp / 1000.0 if m.timestamp and m.timestamp > 0 else None
+    return Record(tp.topic, tp.partition, m.offset, key, m.value or b"", ts)
+
+
+def _drain(c: Any, left: set[Any], timeout: float, more: Any) -> Iterator[tuple[Any, Any]]:
+    """Yield (tp, message) until, for every partition in ``left``, ``more(tp, m)`` turned false
+    (that message is yielded, then the partition is paused). BusError when no record arrives for
+    ``timeout`` seconds."""
+    quiet_since = time.monotonic()
+    while left:
+        batches = c.poll(timeout_ms=500, max_records=5000)
+        if not batches and time.monotonic() - quiet_since > timeout:
+            raise BusError(f"Kafka history read: no record for {timeout:.0f} s from {sorted(map(tuple, left))}")
+        for tp, msgs in batches.items():
+            if tp not in left:
+                continue
+            quiet_since = time.monotonic()
+            for m in msgs:
+                yield tp, m
+                if not more(tp, m):
+                    left.discard(tp)
+                    c.pause(tp)
+                    break
+
+
+def _listener(adapter: KafkaConsumerAdapter) -> Any:
+    from kafka import ConsumerRebalanceListener
+
+    class Listener(ConsumerRebalanceListener):
+        """Runs on kafka-python's IO loop: only queue the change; the worker applies it after poll."""
+
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            adapter._events.append(("revoked", frozenset((tp.topic, tp.partition) for tp in revoked)))
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            adapter._events.append(("assigned", frozenset((tp.topic, tp.partition) for tp in assigned)))
+
+        def on_partitions_lost(self, lost: Any) -> None:
+            adapter._events.append(("revoked", frozenset((tp.topic, tp.partition) for tp in lost)))
+
+    return Listener()
 
 
 def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8) -> None:
