@@ -79,7 +79,7 @@ def section(cfg: Config, name: str, typ: type[T]) -> T:
 class KafkaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     bootstrap: str = "127.0.0.1:9092"
     client_id: str = "fleethealth"
-    compression: str | None = "gzip"
+    compression: str | None = "auto"  # lz4 when installed, else gzip; "none" or null for none
     security: dict[str, Any] = {}
 
 
