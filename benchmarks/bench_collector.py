@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.table import Row
 from collectors.daemon import Collector, CollectorSettings
 from collectors.exporter import SampleMetrics, load_catalog
 from collectors.sim_nvml import SimNvml
@@ -34,11 +35,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--polls", type=int, default=300)
-    ap.add_argument("--fsync", action="store_true", help="fsync the spool on every sample (as in production)")
-    args = ap.parse_args()
+def measure(polls: int = 300, fsync: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         paths = build_sim_host(Path(d) / "host", n_gpus=8, n_ports=8)
         kmsg = paths["kmsg"]
@@ -46,14 +43,14 @@ def main() -> None:
         sim = SimNvml(8, seed=3)
         c = Collector(CollectorSettings(host="bench", expected_gpus=8, sysfs_root=str(paths["sys"]),
                                         proc_root=str(paths["proc"]), kmsg_path=str(kmsg),
-                                        state_dir=str(Path(d) / "state"), fsync=args.fsync),
+                                        state_dir=str(Path(d) / "state"), fsync=fsync),
                       sink=NullSink(), nvml=sim, on_sample=metrics.update)
         line = "[  812.117215] NVRM: Xid (PCI:0000:3b:00): 13, pid=2211, name=python3, Graphics Exception\n"
         for _ in range(5):
             c.poll_once()
         cpu_poll = cpu_scrape = 0.0
         wall0 = time.perf_counter()
-        for i in range(args.polls):
+        for i in range(polls):
             if i % 10 == 0:
                 with open(kmsg, "a") as f:
                     f.write(line * 5)
@@ -64,21 +61,33 @@ def main() -> None:
             t = time.process_time()
             list(metrics.collect())  # a Prometheus scrape (usually every 15-30 s, not every poll)
             cpu_scrape += time.process_time() - t
-        cpu = cpu_poll / args.polls * 1000  # process time: includes the NVML worker and sender threads
-        scrape = cpu_scrape / args.polls * 1000
-        wall = (time.perf_counter() - wall0) / args.polls * 1000
+        cpu = cpu_poll / polls * 1000  # process time: includes the NVML worker and sender threads
+        scrape = cpu_scrape / polls * 1000
+        wall = (time.perf_counter() - wall0) / polls * 1000
         c.flush(10)
         c.close()
         size = len(c.spool.peek(1)[0][1]) if c.spool.depth() else 0
-        print("collector, simulated host: 8 GPUs x 18 NVLinks, 8 IB ports, 8 PCIe devices, 2 EDAC MCs, kmsg file")
-        print(f"{'polls':<34}{args.polls}")
-        print(f"{'CPU per poll ms':<34}{cpu:.2f}   (target < 10)")
-        print(f"{'CPU per exporter scrape ms':<34}{scrape:.2f}")
-        print(f"{'wall per poll ms':<34}{wall:.2f}")
-        print(f"{'RSS MB':<34}{rss_mb():.1f}   (target < 100)")
-        print(f"{'CPU share of a core at 1 s poll':<34}{cpu / 10:.2f} %")
-        if size:
-            print(f"{'sample size bytes':<34}{size}")
+    return {"cpu_ms": cpu, "scrape_ms": scrape, "wall_ms": wall, "rss_mb": rss_mb(), "size": size}
+
+
+def rows(polls: int = 200, fsync: bool = False) -> list[Row]:
+    m = measure(polls, fsync)
+    host = "one 8-GPU, 8-port host, all sources on"
+    return [
+        Row("collector", "CPU per poll (target < 10)", m["cpu_ms"], "ms", host),
+        Row("collector", "CPU share of a core at a 1 s poll", m["cpu_ms"] / 10, "%", host),
+        Row("collector", "CPU per exporter scrape", m["scrape_ms"], "ms", host),
+        Row("collector", "RSS (target < 100)", m["rss_mb"], "MB", host),
+    ]
+
+
+def main() -> None:
+    from benchmarks.table import render
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--polls", type=int, default=300)
+    args = ap.parse_args()
+    print(render(rows(args.polls)))
 
 
 if __name__ == "__main__":

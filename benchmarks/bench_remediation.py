@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.table import Row
 from fleethealth.bus import InProcessBus
 from fleethealth.schema import Evidence, Incident
 from fleethealth.taxonomy import FAULT_LABELS
@@ -38,6 +39,15 @@ def run(n: int, dry_run: bool) -> tuple[float, int]:
         dt = time.perf_counter() - t0
         w.close()
     return dt, actions
+
+
+def rows(n: int = 2000) -> list[Row]:
+    out = []
+    for label, dry in (("dry-run", True), ("tickets written (SQLite, WAL)", False)):
+        dt, actions = run(n, dry)
+        out.append(Row("remediation", f"decisions/s, {label}", n / dt, "incidents/s",
+                       f"{actions / dt:,.0f} actions/s; one worker, one core"))
+    return out
 
 
 def main() -> None:
