@@ -16,9 +16,12 @@ Consume fleet.telemetry.v1 as a member of a consumer group, keep per-host state 
 across resets and wraps, rates over windows, flaps, staleness, fleet baselines), run the rules in
 detectors/rules/*.yaml (validated at start-up, file:line in every error) and any registered
 detectors, and publish incident episodes (open / updated / resolved) to fleet.incidents.v1, keyed
-by host. Offsets are committed only after a batch's incidents are flushed. Messages that do not
-decode go to fleet.deadletter.v1 with the reason. Several workers with the same --group share the
-partitions; a host's state lives with the worker that owns its partition.
+by host. Offsets are committed only after the broker acknowledged a batch's incidents and dead
+letters (while it is away, the worker retries with capped backoff and reads nothing new). Messages
+that do not decode go to fleet.deadletter.v1 with the reason. Several workers with the same --group
+share the partitions; a host's state lives with the worker that owns its partition, and a worker
+that is assigned a partition rebuilds its hosts' state from the last --rebuild-window of the stream
+before the committed offset, so ongoing episodes keep their ids.
 
   fleethealth detect --bus kafka:127.0.0.1:9092 --group fleethealth-detect --metrics-port 9401
   fleethealth detect --bus jsonl:fleet.jsonl.gz --from-beginning --exit-when-idle
@@ -39,6 +42,9 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--rules", metavar="DIR", help="rule directory instead of the shipped detectors/rules")
     flag(p, "--exit-when-idle", action="store_true", help="stop after the input has been idle for a few polls")
     flag(p, "--with-models", action="store_true", help="also run the ML detectors of detectors.registry")
+    flag(p, "--rebuild-window", type=float, default=7200.0, metavar="SECONDS",
+         help="on a partition assignment, rebuild its hosts' state from this much stream before the "
+              "committed offset (silently: episodes keep their ids)")
     p.set_defaults(func=cmd_detect)
 
 
@@ -70,7 +76,8 @@ def cmd_detect(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port)
     # a live broker going quiet means hosts went quiet: tick staleness on the wall clock; a file
     # or in-memory bus ending is just the end of a recording
-    worker = DetectWorker(bus, engine, group=args.group, metrics=metrics, idle_tick=args.bus.startswith("kafka"))
+    worker = DetectWorker(bus, engine, group=args.group, metrics=metrics, idle_tick=args.bus.startswith("kafka"),
+                          rebuild_window_s=args.rebuild_window)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     log.info("detect: %d rules, %d extra detectors, group %s on %s", len(rules.specs), len(extra), args.group, args.bus)
     try:
