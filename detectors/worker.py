@@ -245,7 +245,9 @@ class DetectWorker:
                 del self._host_tp[host]
             for tp in gone:
                 self._next.pop(tp, None)
-            log.info("partitions %s left this worker: state of %d host(s) dropped", sorted(gone - stale), len(dropped))
+            if dropped or gone - stale:
+                log.info("partitions %s left or must be rebuilt: state of %d host(s) dropped", sorted(gone),
+                         len(dropped))
         ends = {tp: c for tp in stale if (c := committed.get(tp))}
         for tp in stale:
             self._next[tp] = committed.get(tp) or 0
