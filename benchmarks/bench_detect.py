@@ -1,12 +1,15 @@
 """Detector throughput and latency (printed, never asserted).
 
-1. host-samples per second on one core through decode + per-host state + rules (+ registered ML
-   detectors when a trained model is present), in-process, on a shipped recording's raw lines
-   (realistic noise) or, without one, on literal samples;
+1. host-samples per second on one core (process CPU time) through decode, per-host state + rules,
+   and both together, for the JSON and the msgpack wire encodings, plus registered ML detectors
+   when a trained model loads; input: a shipped recording's raw lines (realistic noise and faults);
 2. sample-to-incident latency through the real Kafka broker at N hosts x 1 Hz (default 1,000):
-   a producer publishes every host every second (sample ts = wall clock), a fraction of hosts get
-   an uncorrectable-ECC step, a DetectWorker consumes, and a reader times each incident from the
-   sample's timestamp to its arrival on the incidents topic. Needs ``scripts/services.sh up``.
+   a paced producer (each host once a second, hosts spread over the second like independent
+   pollers; sample ts = wall clock at send, msgpack on the wire) publishes to a fresh topic; a
+   DetectWorker in its own process consumes it as a consumer group member (publish+ack, commit per
+   batch, as in production); a reader process times each opened incident from its first sample's
+   ts to its arrival on the incidents topic. Every fifth host gets a DRAM UCE at a tick of its own.
+   The worker process's CPU per sample gives the Kafka-path throughput. Needs scripts/services.sh up.
 
     .venv/bin/python benchmarks/bench_detect.py [--kafka 127.0.0.1:9092] [--hosts 1000] [--seconds 20]
 """
@@ -14,22 +17,23 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import os
 import statistics
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import msgspec  # noqa: E402
-
-from detectors.engine import DetectorEngine  # noqa: E402
-from detectors.fixtures import HostSeries  # noqa: E402
+from benchmarks.table import Row  # noqa: E402
 from fleethealth.bus import iter_jsonl  # noqa: E402
-from fleethealth.schema import decode_incident, decode_sample, encode  # noqa: E402
+from fleethealth.schema import decode_sample, encode, encode_packed  # noqa: E402
+
+CORES = os.cpu_count() or 1
 
 
 def _lines(limit: int) -> tuple[list[bytes], str]:
@@ -40,131 +44,225 @@ def _lines(limit: int) -> tuple[list[bytes], str]:
             out.append(raw)
             if len(out) >= limit:
                 break
-        return out, f"{rec.name} (first {len(out)} samples)"
+        return out, f"{rec.name}, {len(out)} samples"
+    from detectors.fixtures import HostSeries
+
     fleet = [HostSeries(f"b-{i}") for i in range(64)]
     return [encode(h.advance()) for _ in range(limit // 64) for h in fleet], "literal 8-GPU samples"
 
 
-def throughput(limit: int, with_models: bool) -> None:
-    lines, what = _lines(limit)
-    extra = []
-    if with_models:
-        from detectors.registry import model_detectors
-
-        extra = model_detectors()
-    size = statistics.mean(len(x) for x in lines)
-    t0 = time.process_time()
-    decoded = [decode_sample(x) for x in lines]
-    t_dec = time.process_time() - t0
-    best = {}
-    for label, dets in (("rules", []), ("rules+ML", extra)) if extra else (("rules", []),):
-        eng = DetectorEngine(extra_detectors=dets)
+def _cpu(fn: Any, repeat: int = 3) -> float:
+    """Best-of CPU seconds of fn() (fn builds its own fresh state each call)."""
+    best = float("inf")
+    for _ in range(repeat):
         t0 = time.process_time()
-        for s in decoded:
-            eng.feed(s)
-        best[label] = time.process_time() - t0
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def throughput(limit: int = 5000, repeat: int = 3) -> list[Row]:
+    from detectors.engine import DetectorEngine
+    from detectors.registry import model_detectors
+
+    lines, what = _lines(limit)
     n = len(lines)
-    print(f"input: {what}, mean {size / 1024:.1f} KiB JSON per sample")
-    print(f"  decode only           {n / t_dec:10,.0f} samples/s/core  ({t_dec / n * 1e6:6.1f} us)")
-    for label, t in best.items():
-        print(f"  state+{label:<16}{n / t:10,.0f} samples/s/core  ({t / n * 1e6:6.1f} us)")
-        tot = t + t_dec
-        print(f"  decode+state+{label:<9}{n / tot:10,.0f} samples/s/core  ({tot / n * 1e6:6.1f} us)  target >= 20,000")
-    if not extra:
-        print("  (no trained ML detector registered: rules only)")
+    decoded = [decode_sample(x) for x in lines]
+    packed = [encode_packed(s) for s in decoded]
+    kib = statistics.mean(map(len, lines)) / 1024
+    pkib = statistics.mean(map(len, packed)) / 1024
+
+    def feed_all(samples: list[Any], extra: list[Any] | None = None) -> None:
+        eng = DetectorEngine(extra_detectors=extra or [])
+        for s in samples:
+            eng.feed(s)
+
+    def decode_feed(raw: list[bytes]) -> None:
+        eng = DetectorEngine()
+        for x in raw:
+            eng.feed(decode_sample(x))
+
+    def decode_all(raw: list[bytes]) -> None:
+        for x in raw:  # decoded and dropped, as the worker does (a kept list would time the GC)
+            decode_sample(x)
+
+    timed = [
+        ("decode JSON", _cpu(lambda: decode_all(lines), repeat), f"{kib:.1f} KiB JSON"),
+        ("decode msgpack", _cpu(lambda: decode_all(packed), repeat), f"{pkib:.1f} KiB msgpack"),
+        ("state+rules", _cpu(lambda: feed_all(decoded), repeat), "decoded samples"),
+        ("decode+state+rules JSON", _cpu(lambda: decode_feed(lines), repeat), f"{kib:.1f} KiB JSON"),
+        ("decode+state+rules msgpack", _cpu(lambda: decode_feed(packed), repeat), f"{pkib:.1f} KiB msgpack"),
+    ]
+    models = model_detectors()
+    if models:
+        names = ",".join(getattr(m, "name", type(m).__name__) for m in models)
+        t_ml = _cpu(lambda: feed_all(decoded, model_detectors()), 1)
+        t_dec = timed[1][1]
+        timed.append((f"decode msgpack+state+rules+ML ({names})", t_ml + t_dec, f"{pkib:.1f} KiB msgpack"))
+    rows = []
+    for name, t, unit_note in timed:
+        rate = n / t
+        rows.append(Row("detect", f"{name}, one core", rate, "host-samples/s",
+                        f"{t / n * 1e6:.1f} µs/sample; {what} ({unit_note}); "
+                        f"= {rate * 10:,.0f} hosts at a 10 s poll"))
+    if not models:
+        rows.append(Row("detect", "ML detectors", 0, "-", "no trained model loads (fleethealth train): rules only"))
+    return rows
 
 
-def kafka_latency(bootstrap: str, hosts: int, seconds: float, fault_every: int) -> None:
+# ---------------------------------------------------------------------------- Kafka latency
+
+
+def _worker_proc(bootstrap: str, topics: dict[str, str], group: str, ready: Any, stop: Any, out: Any) -> None:
+    from detectors.engine import DetectorEngine
     from detectors.worker import DetectWorker
+    from fleethealth.kafka_bus import KafkaBus
+
+    bus = KafkaBus(bootstrap)
+    w = DetectWorker(bus, DetectorEngine(), group=group, topic=topics["t"], incidents_topic=topics["i"],
+                     deadletter_topic=topics["d"], poll_timeout=0.05, idle_tick=False, max_records=5000)
+    while not w.consumer.assigned() and not stop.is_set():
+        w.run_once()
+    ready.set()
+    cpu0, t0 = time.process_time(), time.monotonic()
+    s0 = w.stats.samples
+    batches0 = w.stats.batches
+    while not stop.is_set():
+        w.run_once()
+    out.put({"samples": w.stats.samples - s0, "cpu": time.process_time() - cpu0, "wall": time.monotonic() - t0,
+             "batches": w.stats.batches - batches0, "incidents": w.stats.incidents})
+    w.close()
+    bus.close()
+
+
+def _reader_proc(bootstrap: str, topic: str, group: str, ready: Any, stop: Any, out: Any) -> None:
+    from fleethealth.kafka_bus import KafkaBus
+    from fleethealth.schema import decode_incident
+
+    bus = KafkaBus(bootstrap)
+    c = bus.consumer([topic], group)
+    while not c.assigned() and not stop.is_set():
+        c.poll(timeout=0.1)
+    ready.set()
+    lat = []
+    while not stop.is_set():
+        for r in c.poll(timeout=0.1, max_records=1000):
+            now = time.time()
+            inc = decode_incident(r.value)
+            if inc.state == "open":
+                lat.append(now - inc.first_seen)
+    out.put(lat)
+    c.close()
+    bus.close()
+
+
+def kafka_latency(bootstrap: str, hosts: int = 1000, seconds: float = 20.0) -> list[Row]:
+    import msgspec
+
+    from detectors.fixtures import HostSeries
     from fleethealth.kafka_bus import KafkaBus, ensure_topics
 
     tag = uuid.uuid4().hex[:8]
-    t_tel, t_inc, t_dead = f"bench.{tag}.telemetry", f"bench.{tag}.incidents", f"bench.{tag}.deadletter"
-    ensure_topics(bootstrap, [t_tel, t_inc, t_dead], partitions=8)
-    bus = KafkaBus(bootstrap, linger_ms=2, compression=None)
-    worker = DetectWorker(bus, DetectorEngine(), group=f"bench-{tag}", topic=t_tel, incidents_topic=t_inc,
-                          deadletter_topic=t_dead, poll_timeout=0.05, idle_tick=False, max_records=5000)
-    reader_bus = KafkaBus(bootstrap)
-    reader = reader_bus.consumer([t_inc], f"bench-r-{tag}")
-    lat: list[float] = []
-    stop = threading.Event()
+    topics = {"t": f"bench.{tag}.telemetry", "i": f"bench.{tag}.incidents", "d": f"bench.{tag}.deadletter"}
+    ensure_topics(bootstrap, list(topics.values()), partitions=8)
+    ctx = mp.get_context("spawn")
+    stop, q = ctx.Event(), ctx.Queue()
+    w_ready, r_ready = ctx.Event(), ctx.Event()
+    worker = ctx.Process(target=_worker_proc, args=(bootstrap, topics, f"bench-{tag}", w_ready, stop, q))
+    reader = ctx.Process(target=_reader_proc, args=(bootstrap, topics["i"], f"bench-r-{tag}", r_ready, stop, q))
+    worker.start()
+    reader.start()
+    if not (w_ready.wait(60) and r_ready.wait(60)):
+        stop.set()
+        raise RuntimeError("the worker or reader did not join its group within 60 s")
 
-    def read() -> None:
-        while not stop.is_set():
-            for r in reader.poll(timeout=0.2):
-                inc = decode_incident(r.value)
-                if inc.state == "open":
-                    lat.append(time.time() - inc.first_seen)
-
-    def work() -> None:
-        worker.run()  # retries bus errors; stop() ends it
-
-    threads = [threading.Thread(target=read, daemon=True), threading.Thread(target=work, daemon=True)]
-    for t in threads:
-        t.start()
-    fleet = [HostSeries(f"lat-{tag}-{i:04d}", t0=time.time(), interval=1.0, gpus=8, ports=8) for i in range(hosts)]
     replace = msgspec.structs.replace
-    sent = 0
-    start = time.time()
+    base = [HostSeries(f"lat-{tag}-{i:04d}", interval=1.0, gpus=8, ports=8).advance() for i in range(hosts)]
+    faulty = {}
+    for i in range(0, hosts, 5):  # every fifth host: a DRAM UCE from a tick of its own on
+        g = base[i].gpus[i % 8]
+        gpus = list(base[i].gpus)
+        gpus[i % 8] = replace(g, ecc=replace(g.ecc, dram_uncorrected_volatile=1))
+        faulty[i] = (3 + (i // 5) % max(1, int(seconds) - 5), gpus)
+    bus = KafkaBus(bootstrap)
+    sent, cpu0, start = 0, time.process_time(), time.time()
     tick = 0
-    # one encoded template per host with placeholder ts/seq/UCE digits: the producer's per-message
-    # work is a bytes substitution, so the measurement is the pipeline's, not the encoder's
-    templates = []
-    for i, h in enumerate(fleet):
-        s = h.advance()
-        s = replace(s, ts=9999999999.5, seq=88888888)
-        g = s.gpus[i % 8]
-        s.gpus[i % 8] = replace(g, ecc=replace(g.ecc, dram_uncorrected_volatile=777777))
-        templates.append((s.host, encode(s)))
+    slots = 50  # hosts spread over the second in 20 ms slots, like independent pollers
     while time.time() - start < seconds:
-        t_tick = time.time()
-        for i, (host, tpl) in enumerate(templates):
-            uce = tick if tick > 2 and (i + tick) % fault_every == 0 else 0
-            uce = max(uce, tick - 1 if tick > 3 and (i + tick - 1) % fault_every == 0 else 0)
-            msg = (tpl.replace(b"9999999999.5", f"{time.time():.3f}".encode())
-                   .replace(b"88888888", str(tick).encode()).replace(b"777777", str(uce).encode()))
-            bus.publish(t_tel, host, msg)
-            sent += 1
-        bus.flush()
+        t_tick = start + tick
+        for slot in range(slots):
+            at = t_tick + slot / slots
+            time.sleep(max(0.0, at - time.time()))
+            for i in range(slot, hosts, slots):
+                s = base[i]
+                f = faulty.get(i)
+                s = replace(s, ts=round(time.time(), 3), seq=tick + 1,
+                            **({"gpus": f[1]} if f and tick >= f[0] else {}))
+                bus.publish(topics["t"], s.host, encode_packed(s))
+                sent += 1
         tick += 1
-        time.sleep(max(0.0, 1.0 - (time.time() - t_tick)))
+    bus.flush()
+    produced_s = time.time() - start
+    prod_cpu = time.process_time() - cpu0
     time.sleep(3)
     stop.set()
-    worker.stop()
-    for t in threads:
-        t.join(timeout=5)
-    reader.close()
-    worker.close()
+    got: dict[str, Any] = {}
+    lat: list[float] = []
+    for _ in range(2):
+        item = q.get(timeout=60)
+        if isinstance(item, dict):
+            got = item
+        else:
+            lat = item
+    worker.join(30)
+    reader.join(30)
     bus.close()
-    reader_bus.close()
-    rate = sent / (time.time() - start - 3)
-    print(f"kafka {bootstrap}: {hosts} hosts x 1 Hz for {seconds:.0f}s, {sent} samples published (~{rate:.0f}/s), "
-          f"{worker.stats.samples} consumed, {len(lat)} incidents timed")
+    rate = sent / produced_s
+    cover = f"{hosts} hosts x 1 Hz for {seconds:.0f} s via {bootstrap} (broker on the same {CORES} cores), msgpack"
+    rows = [Row("detect/kafka", "telemetry offered", rate, "samples/s", f"{cover}; producer CPU {prod_cpu:.1f} s"),
+            Row("detect/kafka", "telemetry consumed by the worker", got.get("samples", 0) / max(got.get("wall", 1), 1e-9),
+                "samples/s", f"{got.get('samples', 0)} samples in {got.get('batches', 0)} batches (all: {sent})")]
+    if got.get("samples"):
+        per = got["cpu"] / got["samples"]
+        rows.append(Row("detect/kafka", "worker CPU per sample (poll+decode+rules+publish+commit)", per * 1e6, "µs",
+                        f"= {1 / per:,.0f} host-samples/s/core at this load"))
     if lat:
         lat.sort()
-        p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731
-        print(f"  sample-to-incident latency: p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms"
-              "  (target p99 < 500 ms)")
+        def p(q: float) -> float:
+            return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000
+        rows += [Row("detect/kafka", "sample-to-incident latency p50", p(0.5), "ms", f"{len(lat)} incidents; {cover}"),
+                 Row("detect/kafka", "sample-to-incident latency p99", p(0.99), "ms", "target < 500 ms"),
+                 Row("detect/kafka", "sample-to-incident latency max", lat[-1] * 1000, "ms", "")]
+    else:
+        rows.append(Row("detect/kafka", "sample-to-incident latency", 0, "-", "no incident arrived"))
+    return rows
+
+
+def rows(quick: bool = False, kafka: str | None = "127.0.0.1:9092", hosts: int = 1000,
+         seconds: float | None = None) -> list[Row]:
+    out = throughput(2000 if quick else 5000, 1 if quick else 3)
+    if kafka:
+        from tests.services import kafka_problem
+
+        why = kafka_problem(kafka)
+        if why:
+            out.append(Row("detect/kafka", "sample-to-incident latency", 0, "-", f"skipped: {why}"))
+        else:
+            out += kafka_latency(kafka, hosts, seconds or (10.0 if quick else 20.0))
+    return out
 
 
 def main() -> int:
+    from benchmarks.table import machine, render
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=10000)
-    ap.add_argument("--models", action="store_true", help="include registered ML detectors")
     ap.add_argument("--kafka", default="127.0.0.1:9092", help="broker for the latency run ('' to skip)")
     ap.add_argument("--hosts", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--fault-every", type=int, default=50, help="one host in N gets a UCE step each second")
+    ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
-    throughput(a.samples, a.models)
-    if a.kafka:
-        from tests.services import kafka_problem
-
-        why = kafka_problem(a.kafka)
-        if why:
-            print(f"kafka latency: skipped ({why}; start it with scripts/services.sh up)")
-        else:
-            kafka_latency(a.kafka, a.hosts, a.seconds, a.fault_every)
+    print(machine())
+    print(render(rows(a.quick, a.kafka or None, a.hosts, a.seconds)))
     return 0
 
 
