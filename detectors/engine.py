@@ -134,6 +134,11 @@ class DetectorEngine:
                 out.extend(self.tick(ts))
         return out
 
+    def flush(self) -> list[Incident]:
+        """Findings detectors held back (batched model scoring) as incidents: call after each poll batch."""
+        held = [f for d in self.extra if hasattr(d, "flush") for f in d.flush()]
+        return self._combine(held) if held else []
+
     def detect(self, sample: Sample) -> list[Finding]:
         """Raw findings for one sample (state advances; no episodes): for tests and diagnose-like use."""
         st = self.hosts.setdefault(sample.host, HostState(sample.host, sample.cluster, sample.rack))

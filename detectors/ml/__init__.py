@@ -4,7 +4,9 @@
     dets = load_ml_detectors()            # [] (with a warning) when no trained model is shipped
     for s in samples:
         for d in dets:
-            findings = d.feed(s)
+            findings = d.feed(s)              # the classifier scores in batches ...
+    for d in dets:
+        findings = d.flush()                  # ... so flush at the end of each poll batch
 
 Both read windowed per-component features (:mod:`detectors.ml.features`); models come from
 ``detectors/models/`` (``fleethealth train`` writes them) as skops archives plus a JSON sidecar.
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from detectors.finding import Detector
 from detectors.ml.features import FEATURE_SPEC, FeatureStream
-from detectors.ml.model_io import ModelError, load_model
+from detectors.ml.model_io import ModelError, load_model, read_sidecar
 from detectors.ml.peers import PEER_FEATURES, PeerDetector
 from detectors.ml.supervised import FEATURES, SupervisedDetector
 from detectors.ml.train import PEER_NAME, SUPERVISED_NAME, peer_models
@@ -41,13 +43,14 @@ def load_ml_detectors(model_dir: Path | None = None) -> list[Detector]:
     """Both ML detectors, or those whose model files exist; [] with a logged warning when none do.
     A model file that exists but is mismatched or untrusted raises :class:`ModelError`."""
     d = model_dir or MODEL_DIR
-    out: list[Detector] = []
-    for name, loader in ((SUPERVISED_NAME, load_supervised), (PEER_NAME, load_peer)):
-        if not (d / f"{name}.json").exists():
-            log.warning("ML detector %s not loaded: no model in %s (run `fleethealth train`)", name, d)
-            continue
-        out.append(loader(d))
-    return out
+    present = [(name, loader) for name, loader in ((SUPERVISED_NAME, load_supervised), (PEER_NAME, load_peer))
+               if (d / f"{name}.json").exists()]
+    for name in {SUPERVISED_NAME, PEER_NAME} - {n for n, _ in present}:
+        log.warning("ML detector %s not loaded: no model in %s (run `fleethealth train`)", name, d)
+    # one feature stream for both: features are computed once per sample
+    stream = FeatureStream(window_s=float(read_sidecar(d, present[0][0]).get("window_s", 60.0)),
+                           consumers=len(present)) if present else None
+    return [loader(d, stream) for _, loader in present]
 
 
 def _register() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ Models are written to --out as skops archives (no code runs on load; types are c
 allow-list) with a JSON sidecar: version, feature names, training seeds and sizes, sklearn
 version, metrics. The shipped model in detectors/models/ was made with:
 
-  fleethealth train --hosts 24 --duration 3h --interval 10 --seed 1 --seed 2 --holdout-seed 99 \\
-      --fault-rate 2000 --min-per-mode 2 --out detectors/models/
+  fleethealth train --hosts 32 --duration 4h --interval 10 --seed 1 --seed 2 --seed 3 --seed 4 \\
+      --holdout-seed 99 --fault-rate 2000 --min-per-mode 3 --out detectors/models/
 """
 
 
@@ -73,7 +74,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError("--hosts must be at least 4 (peer comparison needs a rack)")
     cfg = TrainConfig(hosts=args.hosts, duration_s=args.duration, interval_s=args.interval, seeds=seeds,
                       holdout_seed=args.holdout_seed, fault_rate=args.fault_rate, window_s=args.window,
-                      threshold=args.threshold)
+                      threshold=args.threshold,
+                      command="fleethealth " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     per_fleet = args.hosts * int(args.duration // args.interval)
     bar = tqdm(total=per_fleet * (len(seeds) + 1), unit="samples", unit_scale=True, file=sys.stderr,
                disable=args.quiet or not sys.stderr.isatty(), desc="simulate + features")

@@ -382,18 +382,30 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
 
 
 class FeatureStream:
-    """Per-host feature state for a stream of samples from many hosts."""
+    """Per-host feature state for a stream of samples from many hosts.
 
-    def __init__(self, window_s: float = 60.0, max_gap_s: float = 600.0) -> None:
+    ``consumers`` detectors may share one stream (features computed once per sample): the same
+    sample object fed again, up to ``consumers`` times in all, returns the window already computed;
+    a further feed of it is a duplicate like any other."""
+
+    def __init__(self, window_s: float = 60.0, max_gap_s: float = 600.0, consumers: int = 1) -> None:
         self.window_s = window_s
         self.max_gap_s = max_gap_s
+        self.consumers = consumers
         self.hosts: dict[str, HostFeatureState] = {}
+        self._last: tuple[Sample | None, WindowFeatures | None] = (None, None)
+        self._fed = 0
 
     def feed(self, s: Sample) -> WindowFeatures | None:
+        if s is self._last[0] and self._fed < self.consumers:
+            self._fed += 1
+            return self._last[1]
         st = self.hosts.get(s.host)
         if st is None:
             st = self.hosts[s.host] = HostFeatureState()
-        return update(st, s, self.window_s, self.max_gap_s)
+        w = update(st, s, self.window_s, self.max_gap_s)
+        self._last, self._fed = (s, w), 1
+        return w
 
     @property
     def skipped(self) -> int:
@@ -401,3 +413,7 @@ class FeatureStream:
 
     def reset(self) -> None:
         self.hosts.clear()
+        self._last = (None, None)
+
+    def forget_host(self, host: str) -> None:
+        self.hosts.pop(host, None)

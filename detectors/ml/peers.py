@@ -128,6 +128,10 @@ class PeerDetector:
         w = self.stream.feed(sample)
         return self.score_window(w) if w is not None else []
 
+    def flush(self) -> list[Finding]:
+        """Nothing is buffered: the forest only confirms rare envelope breaches, scored at once."""
+        return []
+
     def deviations(self, w: WindowFeatures) -> dict[str, tuple[list[str], np.ndarray]]:
         out = {"gpu": (w.gpu_ids, gpu_deviations(w.gpu, self.slopes)), "port": (w.port_ids, port_deviations(w.port))}
         if w.rack:

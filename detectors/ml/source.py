@@ -23,7 +23,8 @@ from fleethealth.schema import ContractError, decode_sample
 
 
 def read_truth(path: Path) -> list[Fault]:
-    """The simulator's ``*.truth.jsonl``: one fault per line (host, component, failure_mode, onset, end)."""
+    """The simulator's ``*.truth.jsonl``: one fault per line (host, component, failure_mode, onset, end,
+    secondary)."""
     out = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -32,7 +33,8 @@ def read_truth(path: Path) -> list[Fault]:
             try:
                 r = json.loads(line)
                 out.append(Fault(str(r["host"]), str(r["component"]), str(r["failure_mode"]), float(r["onset"]),
-                                 None if r.get("end") is None else float(r["end"])))
+                                 None if r.get("end") is None else float(r["end"]),
+                                 tuple(str(m) for m in r.get("secondary") or ())))
             except (ValueError, KeyError, TypeError) as exc:
                 raise UserError(f"{path}:{lineno}: bad ground-truth line: {exc}") from None
     return out

@@ -13,9 +13,10 @@ import sklearn
 from sklearn.ensemble import HistGradientBoostingClassifier, IsolationForest
 
 from detectors.ml.features import FEATURE_SPEC, FeatureStream, WindowFeatures
+from detectors.ml.gate import Gate, learn_gate
 from detectors.ml.labels import HEALTHY, Fault, FaultIndex
 from detectors.ml.peers import FLOORS, PEER_FEATURES, PeerDetector, PeerModel
-from detectors.ml.supervised import FEATURES, KINDS, SupervisedDetector, gate, single_threaded, window_rows
+from detectors.ml.supervised import FEATURES, KINDS, SupervisedDetector, single_threaded, window_rows
 
 MODEL_VERSION = "1"
 # The forest confirms an envelope breach: the row must also score below this quantile of healthy rows.
@@ -43,6 +44,8 @@ class TrainConfig:
     drain_threshold: float = 0.97
     envelope_k: float = 2.0
     persist: int = 3
+    max_iter: int = 60  # boosting rounds per class
+    command: str = ""  # how these models were made, recorded in the sidecars
 
 
 @dataclass(slots=True)
@@ -80,29 +83,64 @@ def windows_of(samples: Iterable[Any], window_s: float, tick: Callable[[], None]
     return Fleet(out, FaultIndex([]), n, first, last)
 
 
-def supervised_rows(fleets: list[Fleet]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Gated rows and their labels per kind (quiet rows are healthy by construction)."""
+def _all_faults(fl: Fleet) -> list[Fault]:
+    return [f for fs in fl.faults.by_host.values() for f in fs]
+
+
+def healthy_rows(fleets: list[Fleet]) -> dict[str, np.ndarray]:
+    """Every row whose training label is healthy, per kind (what the gate learns the noise from)."""
+    xs: dict[str, list[np.ndarray]] = defaultdict(list)
+    for fl in fleets:
+        idx = FaultIndex(_all_faults(fl), training=True)
+        for w in fl.windows:
+            labels = idx.labels(w)
+            quiet_host = all(lab == HEALTHY for v in labels.values() for lab in v)
+            for kind, (_, m) in window_rows(w).items():
+                ok = np.array([lab == HEALTHY for lab in labels[kind]], dtype=bool)
+                if kind == "host":  # the host row sums its GPUs' AER lines: healthy only if all are
+                    ok &= quiet_host
+                if ok.any():
+                    xs[kind].append(m[ok])
+    return {k: np.vstack(v) for k, v in xs.items()}
+
+
+def supervised_rows(fleets: list[Fleet], gate: Gate) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Gated rows with a training label, per kind (quiet rows are healthy by construction; rows
+    whose label is ambiguous — see :mod:`detectors.ml.labels` — are left out)."""
     xs: dict[str, list[np.ndarray]] = defaultdict(list)
     ys: dict[str, list[str]] = defaultdict(list)
     for fl in fleets:
+        idx = FaultIndex(_all_faults(fl), training=True)
         for w in fl.windows:
-            labels = fl.faults.labels(w)
+            labels = idx.labels(w)
             for kind, (_, m) in window_rows(w).items():
-                g = gate(kind, m)
-                if g.any():
-                    xs[kind].append(m[g])
-                    ys[kind].extend(lab for lab, ok in zip(labels[kind], g, strict=True) if ok)
+                g = gate.mask(kind, m)
+                keep = [i for i in np.flatnonzero(g) if labels[kind][i] is not None]
+                if keep:
+                    xs[kind].append(m[keep])
+                    ys[kind].extend(str(labels[kind][i]) for i in keep)
     return {k: (np.vstack(xs[k]), np.array(ys[k])) for k in KINDS if xs[k]}
 
 
-def fit_supervised(rows: dict[str, tuple[np.ndarray, np.ndarray]], seed: int) -> dict[str, Any]:
+def _class_weights(y: np.ndarray) -> dict[str, float]:
+    """Rare faults (a UCE leaves one window) weigh up to 10x, by the square root of their rarity;
+    healthy rows keep weight 1, so precision is not traded away."""
+    counts = Counter(y.tolist())
+    top = max(counts.values())
+    return {c: 1.0 if c == HEALTHY else float(min(10.0, np.sqrt(top / n))) for c, n in counts.items()}
+
+
+def fit_supervised(rows: dict[str, tuple[np.ndarray, np.ndarray]], seed: int, max_iter: int = 60,
+                   min_leaf: int = 5) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for kind, (x, y) in rows.items():
         if len(set(y.tolist())) < 2:
             continue  # nothing to tell apart: every gated row is one class
-        clf = HistGradientBoostingClassifier(max_iter=60, learning_rate=0.15, max_leaf_nodes=8,
-                                             l2_regularization=1.0, early_stopping=False, random_state=seed)
-        models[kind] = clf.fit(x, y)
+        clf = HistGradientBoostingClassifier(max_iter=max_iter, learning_rate=0.15, max_leaf_nodes=8,
+                                             min_samples_leaf=min_leaf, l2_regularization=1.0,
+                                             early_stopping=False, random_state=seed)
+        cw = _class_weights(y)
+        models[kind] = clf.fit(x, y, sample_weight=np.array([cw[c] for c in y.tolist()]))
     return models
 
 
@@ -111,9 +149,10 @@ def _healthy_deviations(fleets: list[Fleet], slopes: dict[str, float]) -> dict[s
     dev: dict[str, list[np.ndarray]] = defaultdict(list)
     racks = PeerDetector({}, {"slopes": slopes})
     for fl in fleets:
+        idx = FaultIndex(_all_faults(fl), training=True)
         for w in fl.windows:
             d = racks.deviations(w)
-            labels = fl.faults.labels(w)
+            labels = idx.labels(w)
             ok = {k: np.array([lab == HEALTHY for lab in v], dtype=bool) for k, v in labels.items()}
             for kind in ("gpu", "port"):
                 if d[kind][1].shape[0] and ok[kind].any():
@@ -170,24 +209,25 @@ def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: F
     """Per mode: window precision, episode recall (a fault counts as found when any window of its
     component during the fault carries a finding of its mode), and findings on healthy hosts."""
     faulty = fleet.faults.faulty_hosts()
-    lenient = FaultIndex([f for fs in fleet.faults.by_host.values() for f in fs], grace_s=EVAL_GRACE_S)
+    lenient = FaultIndex(_all_faults(fleet), grace_s=EVAL_GRACE_S)
     tp: Counter[str] = Counter()
     fp: Counter[str] = Counter()
+    explained: Counter[str] = Counter()
     found: set[tuple[str, str, str]] = set()
     healthy_hosts_flagged: dict[str, set[str]] = {"supervised": set(), "peer": set()}
     peer_fp = peer_tp = 0
     for w in fleet.windows:
-        labels = lenient.labels(w)
-        by_comp = {}
+        labels, also = lenient.labels(w), lenient.explained(w)
+        by_comp: dict[str, tuple[str | None, set[str]]] = {}
         for kind, (ids, _) in window_rows(w).items():
-            for cid, lab in zip(ids, labels[kind], strict=True):
-                by_comp[cid] = lab
-        host_lab = labels["host"][0]
+            for cid, lab, ex in zip(ids, labels[kind], also[kind], strict=True):
+                by_comp[cid] = (lab, ex)
+        host_lab = (labels["host"][0], also["host"][0])
         for name, det in (("supervised", sup), ("peer", peer)):
             if det is None:
                 continue
             for f in det.score_window(w):
-                truth = by_comp.get(f.component, host_lab)
+                truth, ex = by_comp.get(f.component, host_lab)
                 if w.host not in faulty:
                     healthy_hosts_flagged[name].add(w.host)
                 if name == "peer":
@@ -197,6 +237,8 @@ def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: F
                 if truth == f.failure_mode:
                     tp[f.failure_mode] += 1
                     found.add((w.host, f.component, f.failure_mode))
+                elif f.failure_mode in ex:  # a secondary mode, or the storm before a UCE
+                    explained[f.failure_mode] += 1
                 else:
                     fp[f.failure_mode] += 1
     support: Counter[str] = Counter()
@@ -209,7 +251,8 @@ def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: F
     modes = sorted(set(support) | set(tp) | set(fp))
     per_mode = {m: {"precision": round(tp[m] / (tp[m] + fp[m]), 4) if tp[m] + fp[m] else None,
                     "recall": round(hit[m] / support[m], 4) if support[m] else None,
-                    "support": support[m], "true_windows": tp[m], "false_windows": fp[m]} for m in modes}
+                    "support": support[m], "true_windows": tp[m], "false_windows": fp[m],
+                    "explained_windows": explained[m]} for m in modes}
     all_tp, all_fp = sum(tp.values()), sum(fp.values())
     return {"per_mode": per_mode,
             "precision": round(all_tp / (all_tp + all_fp), 4) if all_tp + all_fp else None,
@@ -224,8 +267,9 @@ def train(cfg: TrainConfig, load: Callable[[int], Fleet]) -> TrainResult:
     single_threaded()
     fleets = [load(seed) for seed in cfg.seeds]
     seed = cfg.seeds[0] if cfg.seeds else 0
-    rows = supervised_rows(fleets)
-    sup = fit_supervised(rows, seed)
+    gate = learn_gate(healthy_rows(fleets))
+    rows = supervised_rows(fleets, gate)
+    sup = fit_supervised(rows, seed, cfg.max_iter)
     forests, peer_extra = fit_peer(fleets, cfg, seed)
     data_end = max((fl.last_ts for fl in fleets), default=0.0)
     common = {"version": MODEL_VERSION, "feature_spec": FEATURE_SPEC, "window_s": cfg.window_s,
@@ -234,10 +278,11 @@ def train(cfg: TrainConfig, load: Callable[[int], Fleet]) -> TrainResult:
                              "interval_s": cfg.interval_s, "fault_rate": cfg.fault_rate,
                              "samples": sum(fl.samples for fl in fleets),
                              "windows": sum(len(fl.windows) for fl in fleets),
-                             "data_end_ts": data_end},
+                             "data_end_ts": data_end, "command": cfg.command},
               "holdout_seed": cfg.holdout_seed}
     sup_meta = {**common, "name": SUPERVISED_NAME, "threshold": cfg.threshold,
                 "drain_threshold": cfg.drain_threshold, "features": {k: list(FEATURES[k]) for k in KINDS},
+                "gate": gate.to_json(), "max_iter": cfg.max_iter,
                 "classes": {k: [str(c) for c in m.classes_] for k, m in sup.items()},
                 "rows": {k: {"n": int(x.shape[0]), "labels": dict(Counter(y.tolist()))} for k, (x, y) in rows.items()}}
     peer_meta = {**common, **peer_extra, "name": PEER_NAME, "features": {k: list(v) for k, v in PEER_FEATURES.items()}}

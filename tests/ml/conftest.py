@@ -26,7 +26,7 @@ def synth_loader(hosts: int = HOSTS, duration_s: float = DURATION, faults: int =
 
 @pytest.fixture(scope="session")
 def trained() -> TrainResult:
-    cfg = TrainConfig(hosts=HOSTS, duration_s=DURATION, seeds=(11, 12), holdout_seed=13)
+    cfg = TrainConfig(hosts=HOSTS, duration_s=DURATION, seeds=(11, 12), holdout_seed=13, max_iter=30)
     return train(cfg, synth_loader())
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from detectors.finding import Finding
-from detectors.ml import load_ml_detectors, load_peer, load_supervised
+from detectors.ml import load_peer, load_supervised
 from detectors.ml.train import TrainConfig, TrainResult, train
-from tests.ml.conftest import DURATION, HOSTS, synth_loader
+from tests.ml.conftest import DURATION, synth_loader
 from tests.ml.synth import Drift, fleet, uuid
 
 
@@ -18,20 +18,22 @@ def _run(det: object, samples: list) -> list[Finding]:
     out: list[Finding] = []
     for s in samples:
         out += det.feed(s)  # type: ignore[attr-defined]
-    return out
+    return out + det.flush()  # type: ignore[attr-defined]
 
 
-def test_same_seed_same_model(trained: TrainResult) -> None:
-    again = train(TrainConfig(hosts=HOSTS, duration_s=DURATION, seeds=(11, 12), holdout_seed=13), synth_loader())
-    fl = synth_loader()(31)
-    for kind, model in trained.supervised.items():
-        import numpy as np
+def test_same_seed_same_model() -> None:
+    import numpy as np
 
-        from detectors.ml.supervised import window_rows
+    from detectors.ml.supervised import window_rows
 
+    cfg = TrainConfig(hosts=6, duration_s=2400.0, seeds=(11,), holdout_seed=13, max_iter=10)
+    load = synth_loader(hosts=6, duration_s=2400.0, faults=6)
+    a, b = train(cfg, load), train(cfg, load)
+    fl = load(31)
+    for kind, model in a.supervised.items():
         x = np.vstack([window_rows(w)[kind][1] for w in fl.windows])
-        assert np.array_equal(model.predict_proba(x), again.supervised[kind].predict_proba(x))
-    assert again.metrics == trained.metrics
+        assert np.array_equal(model.predict_proba(x), b.supervised[kind].predict_proba(x))
+    assert a.metrics == b.metrics and a.supervised_meta["gate"] == b.supervised_meta["gate"]
 
 
 def test_held_out_precision(trained: TrainResult) -> None:
@@ -81,13 +83,13 @@ def test_peer_flags_a_port_slowly_gathering_errors(model_dir: Path) -> None:
 @pytest.mark.parametrize("seed", [61, 62])
 def test_healthy_fleet_raises_nothing(model_dir: Path, seed: int) -> None:
     samples, _ = fleet(seed, hosts=12, duration_s=DURATION, faults=0)
-    for det in load_ml_detectors(model_dir):
+    for det in (load_supervised(model_dir), load_peer(model_dir)):  # own streams: run one after the other
         assert _run(det, samples) == [], det.name
 
 
 def test_reset_forgets_state(model_dir: Path) -> None:
     samples, _ = fleet(71, hosts=4, duration_s=1800.0, faults=4, modes=("gpu_ecc_sbe_storm",))
-    for det in load_ml_detectors(model_dir):
+    for det in (load_supervised(model_dir), load_peer(model_dir)):
         first = _run(det, samples)
         det.reset()
         assert _run(det, samples) == first
