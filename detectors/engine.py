@@ -2,7 +2,14 @@
 
     engine = DetectorEngine(RuleSet.load(), extra_detectors=[...])
     incidents = engine.feed(sample)      # open / updated / resolved Incidents
-    incidents += engine.tick(now_ts)     # staleness and quiet periods, driven by sample time
+    incidents += engine.tick(now_ts)     # staleness (host_unreachable) at stream time now_ts
+
+Time: a host's episodes resolve against that host's own sample time (it reported ``quiet_s`` of
+clean samples), never against other hosts' — a Kafka worker reads partitions unevenly, and one
+partition running ahead must not resolve a lagging one's episodes. Staleness needs a fleet clock:
+with ``auto_tick`` (default) the engine ticks on the largest sample ts it has seen (right for one
+stream in order: a file, the in-process bus); the detect worker turns that off and ticks with a
+clock a lagging partition cannot trip (see ``detectors/worker.py``).
 
 Precedence (data: ``detectors/precedence.yaml``; prose: docs/detectors.md): rules are evaluated
 first; a model finding on a component a rule already speaks for is folded in as evidence; a model
@@ -73,13 +80,14 @@ class DetectorEngine:
 
     def __init__(self, rules: RuleSet | None = None, extra_detectors: Iterable[Detector] = (), *,
                  update_every_s: float = 60.0, tick_every_s: float = 10.0,
-                 precedence: Precedence | None = None) -> None:
+                 precedence: Precedence | None = None, auto_tick: bool = True) -> None:
         self.rules = rules if rules is not None else RuleSet.load()
         self.extra = list(extra_detectors)
         self.precedence = precedence or Precedence.load()
         self.episodes = IncidentEpisodes(update_every_s)
         self.hosts: dict[str, HostState] = {}
         self.tick_every_s = tick_every_s
+        self.auto_tick = auto_tick  # tick staleness on the max sample ts (off: the caller ticks)
         self.fleet_ts = 0.0
         self._last_tick = 0.0
         self.stats: Counter[str] = Counter()
@@ -117,6 +125,9 @@ class DetectorEngine:
             out.extend(self.episodes.clear(sample.host, ts, "telemetry resumed", "host"))
         if st.epoch_changed:
             out.extend(self.episodes.clear(sample.host, ts, "reboot or driver reload cleared it"))
+        # quiet periods on the host's own clock, before this sample's findings: an episode resolves
+        # when the host has reported quiet_s of clean samples, however far other hosts have run
+        out.extend(self.episodes.expire(sample.host, ts))
         findings: list[Finding] = []
         self.rules.evaluate(st, sample, findings)
         for d in self.extra:
@@ -127,10 +138,9 @@ class DetectorEngine:
                 log.exception("detector %s failed on a sample from %s", getattr(d, "name", d), sample.host)
         if findings:
             out.extend(self._combine(findings, 3.0 * st.interval_s))
-        out.extend(self.episodes.expire(sample.host, ts))
         if live and ts > self.fleet_ts:
             self.fleet_ts = ts
-            if ts - self._last_tick >= self.tick_every_s:
+            if self.auto_tick and ts - self._last_tick >= self.tick_every_s:
                 out.extend(self.tick(ts))
         return out
 
@@ -196,7 +206,12 @@ class DetectorEngine:
     # ------------------------------------------------------------------ time
 
     def tick(self, now_ts: float) -> list[Incident]:
-        """Staleness and quiet periods at fleet time ``now_ts`` (max sample ts, or wall clock when live)."""
+        """Staleness at fleet time ``now_ts``; quiet periods of every host at its own last sample time.
+
+        A host is unreachable once ``now_ts`` is past its last sample by the staleness limit; the
+        episode's first_seen is that moment (last sample + limit), not the tick's time, so its id
+        does not depend on when or how often ticks run (a replay, a worker that took the partition
+        over and the live run agree)."""
         self._last_tick = now_ts
         out: list[Incident] = []
         if self.stale_intervals > 0:
@@ -209,12 +224,16 @@ class DetectorEngine:
                 if st.samples and age > limit and not self.episodes.has_open(host, "host", frozenset({UNREACHABLE})):
                     fact = spec.evidence.format_map(_Facts(age_s=round(age), count=round(age / st.interval_s)
                                                            if st.interval_s else "?", host=host))
-                    f = Finding(host, "host", UNREACHABLE, spec.severity, spec.confidence, spec.id, now_ts,
+                    since = st.last_ts + limit
+                    f = Finding(host, "host", UNREACHABLE, spec.severity, spec.confidence, spec.id, since,
                                 [Evidence(fact=fact, ts=now_ts)], [], cluster=st.cluster, rack=st.rack)
                     inc = self.episodes.observe(f, 1e12)
                     if inc is not None:
                         out.append(inc)
-        out.extend(self.episodes.expire_all(now_ts))
+        for host in sorted(self.episodes.by_host):
+            st = self.hosts.get(host)
+            if st is not None and st.samples:
+                out.extend(self.episodes.expire(host, st.last_ts))
         return out
 
     def reset(self) -> None:

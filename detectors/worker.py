@@ -16,6 +16,14 @@ partition from ``rebuild_window_s`` before the committed record up to the commit
 replays it into the engine silently (:meth:`DetectorEngine.replay`): state, windows and episodes
 come back with their original first_seen, hence their ids, and nothing is re-emitted. See
 docs/detectors.md, "Episodes".
+
+Time: detection time comes from the samples. Quiet periods run on each host's own sample time (in
+the engine). Staleness (``host_unreachable``) needs a fleet clock, and the worker ticks it with
+:func:`staleness_clock`: the stream time — the largest sample ts fed, advanced by the monotonic
+time elapsed since a batch last brought samples, so a live fleet that goes silent still ages and a
+replay of an old recording behaves as live — held back to the high-water sample ts of any assigned
+partition that still has records waiting (Kafka reads partitions unevenly: a lagging partition's
+hosts are behind, not silent). Partitions that are caught up count as current.
 """
 
 from __future__ import annotations
@@ -32,6 +40,13 @@ from fleethealth.schema import ContractError, DeadLetter, Incident, decode_sampl
 
 log = logging.getLogger(__name__)
 TP = tuple[str, int]
+
+
+def staleness_clock(stream_now: float, high_water_ts: dict[TP, float], lag: dict[TP, int]) -> float:
+    """The time staleness may be judged at: ``stream_now``, or the sample high-water mark of the
+    furthest-behind partition that still has records to deliver (``lag`` > 0), whichever is less."""
+    behind = [high_water_ts[tp] for tp, n in lag.items() if n > 0 and tp in high_water_ts]
+    return min([stream_now, *behind])
 
 
 def dead_letter(rec: Record, reason: str, consumer: str, now: float) -> DeadLetter:
@@ -80,9 +95,12 @@ class DetectWorker:
     """One member of the ``fleethealth detect`` consumer group.
 
     ``run_once()`` handles one poll (returns the number of records); ``run()`` loops until
-    ``stop()``. ``clock`` is the wall clock used only for the idle staleness tick and dead-letter
-    timestamps; detection time always comes from the samples. ``sleep`` waits between delivery
-    retries (``retry_s`` doubling up to ``max_retry_s``).
+    ``stop()``. Detection time always comes from the samples; ``clock`` (wall) only stamps dead
+    letters and metrics. With ``idle_tick`` the stream clock also advances by ``monotonic`` time
+    elapsed since samples last arrived (a live fleet gone silent becomes unreachable); without it
+    (a file, a replay) only samples move time. The worker ticks the engine's staleness itself
+    (``engine.auto_tick`` is switched off). ``sleep`` waits between delivery retries (``retry_s``
+    doubling up to ``max_retry_s``).
     """
 
     def __init__(self, bus: Bus, engine: DetectorEngine | None = None, *, group: str = "fleethealth-detect",
@@ -90,9 +108,10 @@ class DetectWorker:
                  max_records: int = 2000, poll_timeout: float = 0.5, metrics: Any = None,
                  clock: Callable[[], float] = time.time, idle_tick: bool = True, retry_s: float = 0.5,
                  max_retry_s: float = 30.0, sleep: Callable[[float], None] = time.sleep,
-                 rebuild_window_s: float = 7200.0) -> None:
+                 rebuild_window_s: float = 7200.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.bus = bus
         self.engine = engine or DetectorEngine()
+        self.engine.auto_tick = False  # staleness runs on this worker's clock (see staleness_clock)
         self.group = group
         self.topic = topic
         self.incidents_topic = incidents_topic
@@ -101,6 +120,7 @@ class DetectWorker:
         self.poll_timeout = poll_timeout
         self.metrics = metrics
         self.clock = clock
+        self.monotonic = monotonic
         self.idle_tick = idle_tick
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
@@ -112,6 +132,10 @@ class DetectWorker:
         self._stop = False
         self._host_tp: dict[str, TP] = {}
         self._next: dict[TP, int] = {}  # partition -> offset after the last record fed (live or replayed)
+        self._hw_ts: dict[TP, float] = {}  # partition -> largest sample ts fed (live or replayed)
+        self._last_ts = 0.0  # largest sample ts fed live
+        self._last_mono = 0.0  # monotonic time a batch last brought samples
+        self._last_tick = 0.0
 
     # ------------------------------------------------------------------ one batch
 
@@ -123,14 +147,13 @@ class DetectWorker:
         records = self.consumer.poll(timeout=self.poll_timeout, max_records=self.max_records)
         self._sync_assignment()
         if not records:
-            if self.idle_tick and self.engine.fleet_ts:
-                # live stream gone quiet: let staleness advance on the wall clock
-                now = self.clock()
-                if now > self.engine.fleet_ts + self.engine.tick_every_s:
-                    self._queue(self.engine.tick(now))
+            if self.idle_tick:  # a live stream gone quiet: stream time moves on with the monotonic clock
+                self._tick()
+                if self.pending:
                     self._deliver()
             return 0
         now = self.clock()
+        fed = 0
         for rec in records:
             self._next[(rec.topic, rec.partition)] = rec.offset + 1
             try:
@@ -141,7 +164,12 @@ class DetectWorker:
             if rec.key is not None and rec.key != sample.host:
                 self._dead(rec, f"message key {rec.key!r} does not match host {sample.host!r}", "key", now)
                 continue
-            self._host_tp[sample.host] = (rec.topic, rec.partition)
+            tp = (rec.topic, rec.partition)
+            self._host_tp[sample.host] = tp
+            if sample.ts > self._hw_ts.get(tp, 0.0):
+                self._hw_ts[tp] = sample.ts
+            if sample.ts > self._last_ts:
+                self._last_ts = sample.ts
             try:
                 self._queue(self.engine.feed(sample))
             except Exception as exc:  # a sample that breaks a rule must not stop the fleet's detection
@@ -149,8 +177,17 @@ class DetectWorker:
                 self._dead(rec, f"detector failure: {type(exc).__name__}: {exc}", "engine", now)
                 continue
             self.stats.samples += 1
+            fed += 1
             if self.metrics is not None:
                 self.metrics.sample(sample, now)
+        if fed:
+            self._last_mono = self.monotonic()
+        try:
+            self._queue(self.engine.flush())  # findings the model detectors batched
+        except Exception:  # a broken model must not stop the rules' incidents
+            log.exception("a detector's flush failed")
+            self.engine.stats["detector_errors"] += 1
+        self._tick()
         if not self._deliver():
             return len(records)  # stopped before the bus acknowledged: not committed, replayed by the next owner
         self._commit()
@@ -159,6 +196,40 @@ class DetectWorker:
         if self.metrics is not None:
             self.metrics.batch(len(records), self.stats.last_batch_s, self.engine, self.consumer)
         return len(records)
+
+    def stream_now(self) -> float:
+        """The largest sample ts fed, plus (live) the time elapsed since samples last arrived."""
+        if not self._last_ts:
+            return 0.0
+        return self._last_ts + (max(0.0, self.monotonic() - self._last_mono) if self.idle_tick else 0.0)
+
+    def _lag(self) -> dict[TP, int]:
+        """Records each fed partition still holds beyond what was fed (Kafka: the consumer's last
+        known high watermark, no network call); {} on buses without one (they are read in order)."""
+        highwater = getattr(getattr(self.consumer, "raw", None), "highwater", None)
+        if highwater is None:
+            return {}
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        out: dict[TP, int] = {}
+        for tp, nxt in self._next.items():
+            try:
+                hw = highwater(TopicPartition(*tp))
+            except KafkaError:  # no longer assigned
+                continue
+            if hw is not None:
+                out[tp] = hw - nxt
+        return out
+
+    def _tick(self) -> None:
+        """Run staleness every ``engine.tick_every_s`` of :func:`staleness_clock` time."""
+        if not self._last_ts:
+            return
+        now = staleness_clock(self.stream_now(), self._hw_ts, self._lag())
+        if now - self._last_tick >= self.engine.tick_every_s:
+            self._last_tick = now
+            self._queue(self.engine.tick(now))
 
     def _queue(self, incidents: list[Incident]) -> None:
         for inc in incidents:
@@ -245,6 +316,7 @@ class DetectWorker:
                 del self._host_tp[host]
             for tp in gone:
                 self._next.pop(tp, None)
+                self._hw_ts.pop(tp, None)
             if dropped or gone - stale:
                 log.info("partitions %s left or must be rebuilt: state of %d host(s) dropped", sorted(gone),
                          len(dropped))
@@ -264,7 +336,9 @@ class DetectWorker:
                 continue  # dead-lettered by the worker that read it live
             if rec.key is not None and rec.key != sample.host:
                 continue
-            self._host_tp[sample.host] = (rec.topic, rec.partition)
+            tp = (rec.topic, rec.partition)
+            self._host_tp[sample.host] = tp
+            self._hw_ts[tp] = max(self._hw_ts.get(tp, 0.0), sample.ts)
             try:
                 self.engine.replay(sample)
             except Exception:  # dead-lettered live; the rebuild goes on
