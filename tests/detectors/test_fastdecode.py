@@ -1,0 +1,294 @@
+"""IncrementalDecoder keeps decode_sample's contract: equal values, identical errors, no aliasing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from detectors.engine import DetectorEngine
+from detectors.fastdecode import GPU_GAUGES, GPU_RAW, GPU_STABLE, IncrementalDecoder
+from detectors.registry import model_detectors
+from fleethealth.bus import iter_jsonl
+from fleethealth.schema import ContractError, GpuSample, decode_sample, encode, encode_packed
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDINGS = sorted((ROOT / "replay_data").glob("*.jsonl.gz"))
+SMOKE = ROOT / "replay_data" / "smoke-64h.jsonl.gz"
+
+
+def _lines(path: Path, limit: int | None = None) -> list[bytes]:
+    if not path.exists():
+        pytest.skip(f"{path} is not shipped in this checkout")
+    out = []
+    for _, raw in iter_jsonl(path):
+        out.append(raw)
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+_FIRST: dict[int, list[bytes]] = {}
+
+
+def _smoke(n: int = 400) -> list[bytes]:
+    if n not in _FIRST:
+        _FIRST[n] = _lines(SMOKE, n)
+    return _FIRST[n]
+
+
+def outcome(decode, data):
+    """('ok', canonical bytes) or ('error', message, field): what a consumer can observe."""
+    try:
+        s = decode(data)
+    except ContractError as exc:
+        return ("error", str(exc), exc.field)
+    return ("ok", encode(s), s)
+
+
+def same(a, b) -> None:
+    assert a[:2] == b[:2]
+    if a[0] == "ok":
+        assert a[2] == b[2]
+        assert type(a[2]) is type(b[2])
+
+
+# ---------------------------------------------------------------------------- shipped recordings
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
+def test_equal_to_decode_sample_on_every_shipped_sample_in_file_order(path):
+    dec = IncrementalDecoder()
+    n = 0
+    for raw in _lines(path):
+        want = decode_sample(raw)
+        got = dec.decode(raw)
+        assert got == want, f"sample {n} of {path.name} differs"
+        n += 1
+    assert n > 0
+    assert dec.stats.fallbacks == 0, "the simulator writes canonical JSON: nothing should take the strict path"
+    assert dec.stats.reused > 10 * dec.stats.decoded  # the point of it: most sub-objects are reused
+
+
+def test_msgpack_wire_format_gives_the_same_samples():
+    lines = _smoke(1500)
+    dec = IncrementalDecoder()
+    for raw in lines:
+        want = decode_sample(raw)
+        assert dec.decode(encode_packed(want)) == want
+    assert dec.stats.fallbacks == 0 and dec.stats.reused > dec.stats.decoded
+
+
+def test_unchanged_sub_objects_are_shared_and_changed_ones_are_not():
+    lines = _smoke(400)
+    host = decode_sample(lines[0]).host
+    mine = [raw for raw in lines if decode_sample(raw).host == host]
+    assert len(mine) >= 3
+    dec = IncrementalDecoder()
+    a, b = dec.decode(mine[0]), dec.decode(mine[1])
+    for ga, gb in zip(a.gpus, b.gpus, strict=True):
+        if encode(ga.nvlink) == encode(gb.nvlink):
+            assert ga.nvlink is gb.nvlink
+    assert a.gpus[0] is not b.gpus[0]  # gauges moved: a new GpuSample around the shared parts
+    # the same sub-object bytes in another host's sample are decoded again, not borrowed
+    other = next(raw for raw in lines if decode_sample(raw).host != host)
+    c = dec.decode(other)
+    assert all(x.nvlink is not y.nvlink for x in c.gpus for y in b.gpus)
+
+
+def test_field_partition_covers_the_schema():
+    assert sorted(GPU_RAW + GPU_STABLE + GPU_GAUGES) == sorted(GpuSample.__struct_fields__)
+    assert {"nvlink", "ecc", "pcie", "xids"} <= set(GPU_RAW)
+    assert set(GPU_GAUGES) == {"temperature_c", "power_w", "utilization_pct"}
+
+
+# ---------------------------------------------------------------------------- errors and fallbacks
+
+
+def _primed(raw: bytes) -> IncrementalDecoder:
+    dec = IncrementalDecoder()
+    dec.decode(raw)
+    return dec
+
+
+def test_a_changed_bad_sub_object_raises_the_strict_decoders_error():
+    raw = _smoke(1)[0]
+    doc = json.loads(raw)
+    doc["gpus"][3]["ecc"]["dram_corrected_volatile"] = -1
+    bad = msgspec.json.encode(doc)
+    dec = _primed(raw)
+    with pytest.raises(ContractError) as got:
+        dec.decode(bad)
+    with pytest.raises(ContractError) as want:
+        decode_sample(bad)
+    assert str(got.value) == str(want.value)
+    assert got.value.field == "$.gpus[3].ecc.dram_corrected_volatile"
+    assert dec.decode(raw) == decode_sample(raw)  # a bad message leaves the cache sound
+    assert dec.check_cache() == []
+
+
+@pytest.mark.parametrize("key", ["gpus", "nvlink", "ecc", "pcie", "net_ports", "aer", "edac"])
+def test_a_duplicate_key_whose_first_value_is_invalid_stays_an_error(key):
+    raw = _smoke(1)[0]
+    at = raw.index(f'"{key}":'.encode())
+    bad = raw[:at] + f'"{key}":{{"bogus":1}},'.encode() + raw[at:]
+    with pytest.raises(ContractError) as want:
+        decode_sample(bad)
+    with pytest.raises(ContractError) as got:
+        _primed(raw).decode(bad)
+    assert str(got.value) == str(want.value)
+
+
+def test_non_canonical_json_is_decoded_by_the_strict_path_to_the_same_value():
+    raw = _smoke(1)[0]
+    spaced = json.dumps(json.loads(raw), indent=1).encode()
+    dec = _primed(raw)
+    assert dec.decode(spaced) == decode_sample(raw)
+    assert dec.stats.fallbacks == 1
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"[]", b"null", b"\x80", b"\xc1", b'{"v":2,"host":"h"}',
+                                  b"x" * (1 << 20 + 1)], ids=repr)
+def test_garbage_gives_the_same_error(data):
+    same(outcome(IncrementalDecoder().decode, data), outcome(decode_sample, data))
+
+
+def test_str_and_buffers_are_decoded_but_never_cached():
+    raw = _smoke(1)[0]
+    dec = IncrementalDecoder()
+    buf = bytearray(raw)
+    assert dec.decode(buf) == decode_sample(raw)
+    assert dec.decode(raw.decode()) == decode_sample(raw)
+    assert len(dec) == 0  # a bytearray can change under a cached view
+    buf[:] = b" " * len(buf)
+    assert dec.decode(raw) == decode_sample(raw)
+
+
+def test_a_host_switching_wire_format_gets_the_same_values():
+    lines = _smoke(300)
+    dec = IncrementalDecoder()
+    for i, raw in enumerate(lines):
+        want = decode_sample(raw)
+        assert dec.decode(encode_packed(want) if i % 3 == 0 else raw) == want
+
+
+def test_hosts_kept_are_bounded_and_forget_drops_one():
+    lines = _smoke(400)
+    hosts = {decode_sample(raw).host for raw in lines}
+    assert len(hosts) > 8
+    dec = IncrementalDecoder(max_hosts=8)
+    for raw in lines:
+        assert dec.decode(raw) == decode_sample(raw)
+        assert len(dec) <= 8
+    last = decode_sample(lines[-1]).host
+    dec.forget(last)
+    assert len(dec) == 7
+    assert dec.decode(lines[-1]) == decode_sample(lines[-1])
+
+
+# ---------------------------------------------------------------------------- aliasing
+
+
+def test_check_cache_sees_a_mutated_shared_object():
+    raw = _smoke(1)[0]
+    dec = IncrementalDecoder()
+    s = dec.decode(raw)
+    assert dec.check_cache() == []
+    s.gpus[2].ecc.dram_corrected_volatile = 12345
+    s.net_ports[0].counters["symbol_error"] = 99
+    bad = dec.check_cache()
+    assert any("gpus[2].ecc" in b for b in bad) and any("net_ports" in b for b in bad)
+
+
+@pytest.mark.slow
+def test_the_engine_with_every_detector_never_mutates_a_decoded_sample():
+    lines = _smoke(3000)
+    dec = IncrementalDecoder()
+    engine = DetectorEngine(extra_detectors=model_detectors())
+    seen = []
+    for raw in lines:
+        s = dec.decode(raw)
+        engine.feed(s)
+        seen.append((raw, s))
+    assert dec.check_cache() == []
+    for raw, s in seen:
+        assert s == decode_sample(raw)
+
+
+# ---------------------------------------------------------------------------- mutated samples
+
+FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+values = st.none() | st.booleans() | st.integers(min_value=-(2**65), max_value=2**65) | \
+    st.floats(allow_nan=True) | st.text(max_size=8) | st.just([]) | st.just({}) | st.just([1, None])
+
+
+def _paths(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, (*prefix, i))
+
+
+@st.composite
+def mutated(draw):
+    lines = _smoke(400)
+    i = draw(st.integers(min_value=64, max_value=len(lines) - 1))
+    doc = json.loads(lines[i])
+    paths = [p for p in _paths(doc) if p]
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(paths))
+        parent = doc
+        try:
+            for k in path[:-1]:
+                parent = parent[k]
+            op = draw(st.sampled_from(["set", "delete", "unknown"]))
+            if op == "set":
+                parent[path[-1]] = draw(values)
+            elif op == "delete":
+                del parent[path[-1]]
+            elif isinstance(parent, dict):
+                parent["surprise"] = draw(values)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation removed or replaced that place
+    packed = draw(st.booleans())
+    try:
+        data = msgspec.msgpack.encode(doc) if packed else msgspec.json.encode(doc)
+    except (OverflowError, msgspec.EncodeError):
+        data = msgspec.json.encode(doc)
+    return lines, i, data
+
+
+@FUZZ
+@given(case=mutated())
+def test_mutated_samples_decode_or_fail_exactly_as_decode_sample(case):
+    lines, i, data = case
+    dec = IncrementalDecoder()
+    for raw in lines[max(0, i - 70): i]:  # the same host's previous samples, interleaved with others
+        dec.decode(raw)
+        dec.decode(encode_packed(decode_sample(raw)))
+    same(outcome(dec.decode, data), outcome(decode_sample, data))
+    same(outcome(dec.decode, lines[i]), outcome(decode_sample, lines[i]))
+    assert dec.check_cache() == []
+
+
+@FUZZ
+@given(data=st.data())
+def test_byte_level_corruption_fails_exactly_as_decode_sample(data):
+    lines = _smoke(400)
+    i = data.draw(st.integers(min_value=64, max_value=len(lines) - 1))
+    raw = bytearray(lines[i])
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        at = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
+        raw[at] = data.draw(st.sampled_from(b'{}[],:"0129-.enx\\ '))
+    dec = IncrementalDecoder()
+    for r in lines[i - 64: i]:
+        dec.decode(r)
+    same(outcome(dec.decode, bytes(raw)), outcome(decode_sample, bytes(raw)))
