@@ -7,6 +7,7 @@ import logging
 import signal
 from typing import Any
 
+from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY
 from fleethealth.cliutil import flag
 
 log = logging.getLogger("fleethealth.detect")
@@ -25,6 +26,12 @@ before the committed offset, so ongoing episodes keep their ids.
 
   fleethealth detect --bus kafka:127.0.0.1:9092 --group fleethealth-detect --metrics-port 9401
   fleethealth detect --bus jsonl:fleet.jsonl.gz --from-beginning --exit-when-idle
+  fleethealth detect --topic drill.telemetry --incidents-topic drill.incidents --session-timeout-ms 6000
+
+Time comes from the samples: quiet periods run on each host's own sample time; staleness
+(host_unreachable) on the stream time (largest sample ts, advanced by the time elapsed since samples
+last arrived, so a replayed old recording behaves as live), held back while a partition still has
+records waiting.
 """
 
 
@@ -36,6 +43,14 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--bus", default="kafka", help="memory | jsonl:PATH | kafka[:HOST:PORT]")
     flag(p, "--group", default="fleethealth-detect", help="consumer group name (workers of one group share partitions)")
+    flag(p, "--topic", default=TELEMETRY, env="FLEETHEALTH_DETECT_TOPIC", help="telemetry topic to consume")
+    flag(p, "--incidents-topic", default=INCIDENTS, env="FLEETHEALTH_DETECT_INCIDENTS_TOPIC",
+         help="topic the incident episodes are published to")
+    flag(p, "--deadletter-topic", default=DEADLETTER, env="FLEETHEALTH_DETECT_DEADLETTER_TOPIC",
+         help="topic undecodable messages are published to")
+    flag(p, "--session-timeout-ms", type=int, default=None, metavar="MS", env="FLEETHEALTH_DETECT_SESSION_TIMEOUT_MS",
+         help="Kafka consumer session timeout: how soon the group moves a dead worker's partitions "
+              "(default: the client's; the broker's minimum is usually 6000)")
     flag(p, "--from-beginning", action="store_true",
          help="a new group starts at the oldest telemetry instead of the newest")
     flag(p, "--metrics-port", type=int, default=9401, help="Prometheus metrics on 127.0.0.1:PORT (0 = off)")
@@ -68,18 +83,23 @@ def cmd_detect(args: argparse.Namespace) -> int:
     bus = open_bus(args.bus, cfg)
     if args.bus.startswith("kafka"):
         # KafkaBus.consumer takes auto_offset_reset; the worker asks through this adapter
-        reset = "earliest" if args.from_beginning else "latest"
+        kw: dict[str, Any] = {"auto_offset_reset": "earliest" if args.from_beginning else "latest"}
+        if args.session_timeout_ms:
+            kw["session_timeout_ms"] = args.session_timeout_ms
+            kw["heartbeat_interval_ms"] = max(100, min(3000, args.session_timeout_ms // 3))
         orig = bus.consumer
-        bus.consumer = lambda topics, group: orig(topics, group, auto_offset_reset=reset)  # type: ignore[method-assign]
+        bus.consumer = lambda topics, group: orig(topics, group, **kw)  # type: ignore[method-assign]
     metrics = DetectMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    # a live broker going quiet means hosts went quiet: tick staleness on the wall clock; a file
-    # or in-memory bus ending is just the end of a recording
-    worker = DetectWorker(bus, engine, group=args.group, metrics=metrics, idle_tick=args.bus.startswith("kafka"),
-                          rebuild_window_s=args.rebuild_window)
+    # a live broker going quiet means hosts went quiet: stream time keeps moving with the monotonic
+    # clock; a file or in-memory bus ending is just the end of a recording
+    worker = DetectWorker(bus, engine, group=args.group, topic=args.topic, incidents_topic=args.incidents_topic,
+                          deadletter_topic=args.deadletter_topic, metrics=metrics,
+                          idle_tick=args.bus.startswith("kafka"), rebuild_window_s=args.rebuild_window)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-    log.info("detect: %d rules, %d extra detectors, group %s on %s", len(rules.specs), len(extra), args.group, args.bus)
+    log.info("detect: %d rules, %d extra detectors, group %s on %s topic %s", len(rules.specs), len(extra), args.group,
+             args.bus, args.topic)
     try:
         stats = worker.run(max_idle_polls=4 if args.exit_when_idle else None)
     except KeyboardInterrupt:

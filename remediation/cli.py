@@ -87,7 +87,11 @@ def cmd_remediate(args: argparse.Namespace) -> int:
                                metrics=metrics)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    consumer = bus.consumer([args.topic], args.group or s.remediation.group)
+    kw = {}
+    if args.session_timeout_ms and args.bus.startswith("kafka"):
+        kw = {"session_timeout_ms": args.session_timeout_ms,
+              "heartbeat_interval_ms": max(100, min(3000, args.session_timeout_ms // 3))}
+    consumer = bus.consumer([args.topic], args.group or s.remediation.group, **kw)
     try:
         stats = worker.run(consumer, stop=stop, exit_when_idle_s=args.exit_when_idle, poll_timeout=0.5)
     finally:
@@ -156,6 +160,9 @@ def register(sub: Any) -> None:
          help="SQLite file with tickets, audit and idempotency keys (default fleethealth-remediation.sqlite)")
     flag(p, "--kill-switch-file", metavar="FILE", default=None, help="while this file exists, no effects")
     flag(p, "--max-incident-age", type=float, default=None, metavar="S", help="freshness bound in seconds")
+    flag(p, "--session-timeout-ms", type=int, default=None, metavar="MS",
+         env="FLEETHEALTH_REMEDIATE_SESSION_TIMEOUT_MS",
+         help="Kafka consumer session timeout: how soon a dead worker's partitions move (default: the client's)")
     flag(p, "--metrics-port", type=int, default=9402, help="Prometheus metrics on 127.0.0.1:PORT (0 = off)")
     flag(p, "--exit-when-idle", type=float, default=None, metavar="S",
          help="exit after S seconds with no incidents (replays, tests)")

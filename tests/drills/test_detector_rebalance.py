@@ -2,7 +2,9 @@
 
 Worker A (``fleethealth detect``, group G) consumes alone; mid-stream worker B joins G (the group
 rebalances: A gives up half the partitions), later A is SIGKILLed (B takes everything once A's
-session times out and re-reads each partition from A's last committed offset). Against an
+session times out -- ``--session-timeout-ms 6000``, the broker's minimum -- and re-reads each
+partition from A's last committed offset). It runs on the shared broker, on topics and a group of
+its own (``--topic`` / ``--incidents-topic`` / ``--deadletter-topic``). Against an
 uninterrupted in-process run of the same recording:
 
 * no missed fault: every (host, component, mode) the reference opens an episode for is opened;
@@ -19,28 +21,27 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
-from fleethealth.bus import INCIDENTS, TELEMETRY, TOPICS, InProcessBus, iter_jsonl
+from fleethealth.bus import InProcessBus, iter_jsonl
 from fleethealth.kafka_bus import ensure_topics
 from fleethealth.schema import decode_sample, encode
 from remediation.settings import AllSettings
 from remediation.worker import RemediationWorker
 from tests.drills import harness as h
-from tests.drills.private_kafka import PrivateKafka
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]
-REBUILD_BUG = ("detectors/worker.py keeps no state across a rebalance: the new owner of a partition starts "
-               "each host from nothing at the committed offset, so an episode still active re-opens under a "
-               "new id (first_seen differs) -- a double incident; the fleet-time tick over partition-skewed batches adds "
-               "more (test_partition_skew.py) (reported to the lead)")
+# Was xfail: state rebuild on assignment (detectors/worker.py) and per-host quiet periods
+# (detectors/engine.py, test_partition_skew.py) fixed the re-opened episodes.
 HOSTS, POLLS, INTERVAL = 500, 16, 30.0
 
 
-def _stream(bootstrap: str, rec: Path, tick_s: float, done: threading.Event, errors: list[BaseException]) -> None:
+def _stream(bootstrap: str, topic: str, rec: Path, tick_s: float, done: threading.Event,
+            errors: list[BaseException]) -> None:
     from kafka import KafkaProducer
 
     try:
@@ -54,7 +55,7 @@ def _stream(bootstrap: str, rec: Path, tick_s: float, done: threading.Event, err
                     p.flush()
                     time.sleep(tick_s)
                 tick_ts = s.ts
-            p.send(TELEMETRY, key=s.host.encode(), value=raw)
+            p.send(topic, key=s.host.encode(), value=raw)
         p.flush()
         p.close()
     except BaseException as exc:  # surfaced by the test
@@ -63,11 +64,13 @@ def _stream(bootstrap: str, rec: Path, tick_s: float, done: threading.Event, err
         done.set()
 
 
-@pytest.mark.xfail(reason=REBUILD_BUG, strict=False)
-def test_worker_killed_and_joiner_rebuild_state_no_missed_no_double(tmp_path: Path,
-                                                                     private_kafka: PrivateKafka) -> None:
+def test_worker_killed_and_joiner_rebuild_state_no_missed_no_double(tmp_path: Path, kafka_bootstrap: str) -> None:
     t0 = time.monotonic()
-    broker = private_kafka
+    bootstrap = kafka_bootstrap
+    tag = uuid.uuid4().hex[:10]
+    telemetry, incidents_topic = f"drill.{tag}.telemetry", f"drill.{tag}.incidents"
+    topic_args = ("--topic", telemetry, "--incidents-topic", incidents_topic,
+                  "--deadletter-topic", f"drill.{tag}.deadletter", "--session-timeout-ms", "6000")
     rec = h.recording(tmp_path, hosts=HOSTS, duration_s=POLLS * INTERVAL, interval_s=INTERVAL, seed=11,
                       fault_rate=200, min_per_mode=2)
     ref_all = h.reference_incidents(rec)
@@ -76,27 +79,27 @@ def test_worker_killed_and_joiner_rebuild_state_no_missed_no_double(tmp_path: Pa
     assert len(ref) >= 20
 
     t_ref = time.monotonic() - t0
-    ensure_topics(broker.bootstrap, TOPICS, 8)
-    group = "drill-rebalance"
+    ensure_topics(bootstrap, [telemetry, incidents_topic, f"drill.{tag}.deadletter"], 8)
+    group = f"drill-rebalance-{tag}"
     total = sum(1 for _ in iter_jsonl(rec))
-    a = h.detect("detect-a", tmp_path, broker.bootstrap, group)
+    a = h.detect("detect-a", tmp_path, bootstrap, group, *topic_args)
     b = None
     done, errors = threading.Event(), []
     try:
-        h.wait_until(lambda: h.group_members(broker.bootstrap, group) == 1, 30, 0.3, "worker A to join")
-        feeder = threading.Thread(target=_stream, args=(broker.bootstrap, rec, 0.5, done, errors), daemon=True)
+        h.wait_until(lambda: h.group_members(bootstrap, group) == 1, 30, 0.3, "worker A to join")
+        feeder = threading.Thread(target=_stream, args=(bootstrap, telemetry, rec, 0.5, done, errors), daemon=True)
         feeder.start()
-        h.wait_until(lambda: h.committed(broker.bootstrap, group, TELEMETRY) >= total // 4, 60, 0.3,
+        h.wait_until(lambda: h.committed(bootstrap, group, telemetry) >= total // 4, 60, 0.3,
                      "worker A to commit a quarter of the stream")
-        b = h.detect("detect-b", tmp_path, broker.bootstrap, group)  # joins: the group rebalances
-        h.wait_until(lambda: h.group_members(broker.bootstrap, group) == 2, 60, 0.3, "B to join, A to rebalance")
+        b = h.detect("detect-b", tmp_path, bootstrap, group, *topic_args)  # joins: the group rebalances
+        h.wait_until(lambda: h.group_members(bootstrap, group) == 2, 60, 0.3, "B to join, A to rebalance")
         time.sleep(1.5)  # both consume their halves for a moment
-        at_kill = h.committed(broker.bootstrap, group, TELEMETRY)
+        at_kill = h.committed(bootstrap, group, telemetry)
         assert not done.is_set(), "the stream ended before the kill: slow the feeder down"
         a.kill()  # SIGKILL mid-stream, with whatever A polled but had not committed
         done.wait(120)
         assert not errors, errors
-        h.wait_until(lambda: h.group_lag(broker.bootstrap, group, TELEMETRY) == 0, 90, 1.0,
+        h.wait_until(lambda: h.group_lag(bootstrap, group, telemetry) == 0, 90, 1.0,
                      "worker B to take over A's partitions and catch up")
         assert b.alive(), b.text()[-3000:]
         t_stream = time.monotonic() - t0
@@ -109,7 +112,7 @@ def test_worker_killed_and_joiner_rebuild_state_no_missed_no_double(tmp_path: Pa
     # B rebuilt its hosts from the committed offsets, not by re-reading the whole topic
     assert at_kill >= total // 4 and b_samples < total, (at_kill, b_samples, total)
 
-    incidents = h.read_incidents(broker.bootstrap, INCIDENTS, idle_s=2.0)
+    incidents = h.read_incidents(bootstrap, incidents_topic, idle_s=2.0)
     print(f"drill timing: recording+reference {t_ref:.1f}s, through catch-up {t_stream:.1f}s, "
           f"read back {time.monotonic() - t0:.1f}s")
     got = h.opened(incidents)

@@ -40,7 +40,8 @@ def _remediate(tmp: Path, bootstrap: str, topic: str, group: str, crash: str | N
     env = h.clean_env(**({"FLEETHEALTH_TEST_CRASH_AFTER": crash} if crash else {}))
     return subprocess.run(
         h.cli("remediate", "--bus", f"kafka:{bootstrap}", "--topic", topic, "--group", group, "--scheduler", "slurm",
-              "--state-db", str(tmp / "state.sqlite"), "--metrics-port", "0", "--exit-when-idle", "5"),
+              "--state-db", str(tmp / "state.sqlite"), "--metrics-port", "0", "--exit-when-idle", "5",
+              "--session-timeout-ms", "6000"),
         env=env, capture_output=True, text=True, timeout=90, cwd=h.REPO)
 
 
@@ -58,9 +59,9 @@ def test_killed_after_drain_on_kafka_drains_once_and_tickets_once(tmp_path: Path
     assert first.returncode == 137, first.stderr[-3000:]
     assert show(node).drained_for(inc.id), "the drain reached slurmctld before the crash"
     assert h.group_lag(kafka_bootstrap, group, topic) in (None, 1), "the crashed worker must not have committed"
-    # the dead member holds its partition until its session times out (kafka-python: 45 s); a
-    # restart before that would wait in JoinGroup for it
-    h.wait_until(lambda: h.describe_group(kafka_bootstrap, group)[0] == "Empty", 60, 1.0,
+    # the dead member holds its partition until its session times out (--session-timeout-ms 6000,
+    # the broker's minimum); a restart before that would wait in JoinGroup for it
+    h.wait_until(lambda: h.describe_group(kafka_bootstrap, group)[0] == "Empty", 60, 0.5,
                  "the killed worker's session to expire")
 
     again = _remediate(tmp_path, kafka_bootstrap, topic, group, None)  # Kafka redelivers the incident
