@@ -164,7 +164,7 @@ class _GpuEntry:
 
 @dataclass(slots=True)
 class _HostEntry:
-    gpus: list[_GpuEntry]
+    gpus: list[_GpuEntry | None]  # per GPU position
     packed: bool
     raws: tuple[Any, ...] | None = None
     objs: tuple[Any, ...] = ()
@@ -229,23 +229,26 @@ class IncrementalDecoder:
         stats = self.stats
         try:
             gcache = he.gpus
+            envg = env.gpus
+            n = len(envg)
+            if len(gcache) != n:
+                del gcache[n:]
+                gcache.extend([None] * (n - len(gcache)))
             gpus = []
-            for i, g in enumerate(env.gpus):
+            hits = 0
+            with_gauges = _gpu_with_gauges
+            for i, (g, ent) in enumerate(zip(envg, gcache, strict=True)):
                 key = _gpu_key(g)
-                ent = gcache[i] if i < len(gcache) else None
                 if ent is not None and ent.key == key:  # the usual case: only gauges moved
-                    stats.reused += len(ent.objs)
-                    ent.out = out = _gpu_with_gauges(ent.out, g)
+                    hits += 1
+                    ent.out = out = with_gauges(ent.out, g)
                 else:
                     raws = _gpu_raw(g)
                     objs = self._parts(_GPU_PARTS, raws, ent.raws if ent else None, ent.objs if ent else (), packed)
                     out = _gpu_new(g, objs)
-                    if ent is None:
-                        gcache.append(_GpuEntry(key, raws, objs, out))
-                    else:
-                        ent.key, ent.raws, ent.objs, ent.out = key, raws, objs, out
+                    gcache[i] = _GpuEntry(key, raws, objs, out)
                 gpus.append(out)
-            del gcache[len(gpus):]
+            stats.reused += hits * len(GPU_RAW)
             raws = _sample_raw(env)
             if he.raws == raws:
                 stats.reused += len(raws)
