@@ -1,13 +1,11 @@
 """Shared pieces of the fault drills: a live-timed recording, the in-process reference run, the
 real ``fleethealth detect`` / ``fleethealth remediate`` processes, and reading a topic back.
 
-Recordings are made with the simulator library with ``start_ts`` a quarter of an hour *ahead* of the
-wall clock (the CLI's start is fixed in 2025). The detect worker's idle tick advances staleness and
-quiet periods on the wall clock whenever a poll comes back empty; a drill streams ten minutes of
-fleet time in seconds, so with past timestamps the wall clock would run ahead of sample time and
-resolve (then re-open under new ids) episodes an uninterrupted run keeps open. With every sample
-ts later than the wall clock during the drill, the idle tick never fires and the comparison with
-the in-process reference measures only what the drill breaks.
+Recordings are made with the simulator library with ``start_ts`` a quarter of an hour ahead of the
+wall clock (the CLI's start is fixed in 2025). That once kept the detect worker's wall-clock idle
+tick from ageing hosts; the worker now ages them on stream time (last sample ts + elapsed time since
+samples last arrived) and resolves episodes on each host's own sample time, so the lead is no
+longer needed, only harmless.
 """
 
 from __future__ import annotations
