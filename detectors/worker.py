@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.engine import DetectorEngine
+from detectors.fastdecode import IncrementalDecoder
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, Bus, BusError, Record
-from fleethealth.schema import ContractError, DeadLetter, Incident, decode_sample, encode
+from fleethealth.schema import ContractError, DeadLetter, Incident, encode
 
 log = logging.getLogger(__name__)
 TP = tuple[str, int]
@@ -127,6 +128,8 @@ class DetectWorker:
         self.sleep = sleep
         self.rebuild_window_s = rebuild_window_s
         self.stats = WorkerStats()
+        # per-host reuse of unchanged sub-objects; same values and errors as decode_sample (one per worker)
+        self._decoder = IncrementalDecoder()
         self.consumer = bus.consumer([topic], group)
         self.pending: list[Outgoing] = []
         self._stop = False
@@ -157,7 +160,7 @@ class DetectWorker:
         for rec in records:
             self._next[(rec.topic, rec.partition)] = rec.offset + 1
             try:
-                sample = decode_sample(rec.value)
+                sample = self._decoder.decode(rec.value)
             except ContractError as exc:
                 self._dead(rec, str(exc), exc.kind, now)
                 continue
@@ -313,6 +316,7 @@ class DetectWorker:
             dropped = [h for h, tp in self._host_tp.items() if tp in gone]
             for host in dropped:
                 self.engine.forget_host(host)
+                self._decoder.forget(host)
                 del self._host_tp[host]
             for tp in gone:
                 self._next.pop(tp, None)
@@ -331,7 +335,7 @@ class DetectWorker:
         n = 0
         for rec in self.consumer.history(ends, self.rebuild_window_s):
             try:
-                sample = decode_sample(rec.value)
+                sample = self._decoder.decode(rec.value)
             except ContractError:
                 continue  # dead-lettered by the worker that read it live
             if rec.key is not None and rec.key != sample.host:
