@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleethealth import metrics_names as m
-from fleethealth.bus import DEADLETTER, TELEMETRY, Bus, Consumer
-from fleethealth.schema import ActionRecord, Incident, Sample
+from fleethealth.bus import ACTIONS, DEADLETTER, INCIDENTS, TELEMETRY, Bus, Consumer
+from fleethealth.schema import ActionRecord, Incident, Sample, decode_action, decode_incident
 
 DRAIN_OUTCOMES = {"done": "live", "dry_run": "dry_run"}
 
@@ -50,12 +50,30 @@ class FleetState:
 
     # ---------------------------------------------------------------- folding
     def observe_sample(self, s: Sample, received_at: float) -> None:
+        self.observe_host(s.host, s.rack, s.ts, received_at)
+
+    def observe_host(self, host: str, rack: str, ts: float, received_at: float) -> None:
+        """A sample of ``host`` taken at ``ts`` arrived at ``received_at`` (what a sample tells FleetState)."""
         with self._lock:
-            h = self.hosts.setdefault(s.host, _Host())
-            h.rack = s.rack or h.rack
-            h.last_ts = max(h.last_ts, s.ts)
-            h.received_at = received_at
-            self.stream_ts = max(self.stream_ts, s.ts)
+            h = self.hosts.setdefault(host, _Host())
+            h.rack = rack or h.rack
+            h.last_ts = max(h.last_ts, ts)
+            h.received_at = max(h.received_at, received_at)
+            self.stream_ts = max(self.stream_ts, ts)
+
+    def observe_message(self, topic: str, value: bytes, *, incidents: str = INCIDENTS,
+                        actions: str = ACTIONS) -> Incident | ActionRecord | None:
+        """Fold one incidents / actions bus message (``ContractError`` when it does not decode); the
+        one entry point for ``fleethealth run`` and ``fleethealth fleet-metrics``. Other topics: None."""
+        if topic == incidents:
+            inc = decode_incident(value)
+            self.observe_incident(inc)
+            return inc
+        if topic == actions:
+            act = decode_action(value)
+            self.observe_action(act)
+            return act
+        return None
 
     def observe_incident(self, inc: Incident) -> None:
         with self._lock:
@@ -137,14 +155,20 @@ class CountingBus:
 # --------------------------------------------------------------------------- prometheus
 
 LagFn = Callable[[], Iterable[tuple[str, str, int]]]  # -> (group, topic, lag)
+CountsFn = Callable[[], dict[str, int]]  # -> messages published per topic (ever)
 
 
 class FleetStateCollector:
-    """Reads a FleetState (and optional bus counters / lag) at scrape time."""
+    """Reads a FleetState (and optional message counts per topic / lag) at scrape time. Counts come
+    from ``counts`` or, in one process, from a CountingBus; with Kafka, from topic end offsets."""
 
     def __init__(self, state: FleetState, bus: CountingBus | None = None, lag: LagFn | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.state, self.bus, self.lag, self.clock = state, bus, lag, clock
+                 clock: Callable[[], float] = time.time, counts: CountsFn | None = None,
+                 topics: dict[str, str] | None = None) -> None:
+        self.state, self.lag, self.clock = state, lag, clock
+        self.counts = counts or (bus.counts if bus is not None else None)
+        # the topic names counted as telemetry / dead letters (tests and deployments may rename them)
+        self.topics = {"telemetry": TELEMETRY, "deadletter": DEADLETTER, **(topics or {})}
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: names are only known at collect time
@@ -190,16 +214,16 @@ class FleetStateCollector:
         yield GaugeMetricFamily(m.STALE_HOSTS, f"Hosts silent for more than {st.stale_after_s:g} s.",
                                 value=sum(1 for _, _, a in ages.values() if a > st.stale_after_s))
 
-        if self.bus is not None:
-            published = self.bus.counts()
+        if self.counts is not None:
+            published = self.counts()
             c = CounterMetricFamily(m.MESSAGES, "Messages published on the bus by topic.", labels=["topic"])
             for topic, n in sorted(published.items()):
                 c.add_metric([topic], n)
             yield c
             yield CounterMetricFamily(m.SAMPLES, "Telemetry samples that entered the pipeline.",
-                                      value=published.get(TELEMETRY, 0))
+                                      value=published.get(self.topics["telemetry"], 0))
             yield CounterMetricFamily(m.DEAD_LETTERS, "Messages dead-lettered by any consumer.",
-                                      value=published.get(DEADLETTER, 0))
+                                      value=published.get(self.topics["deadletter"], 0))
         if self.lag is not None:
             g = GaugeMetricFamily(m.CONSUMER_LAG, "Messages published but not yet committed by a group.",
                                   labels=["group", "topic"])

@@ -313,3 +313,105 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8) ->
                 pass
     finally:
         admin.close()
+
+
+class KafkaOffsets:
+    """Topic end offsets and consumer-group commits, read without joining any group: messages ever
+    published per topic (the sum of end offsets) and each group's lag, for pipeline dashboards."""
+
+    def __init__(self, bus: KafkaBus) -> None:
+        self.bus = bus
+        self._consumer: Any = None
+        self._admin: Any = None
+
+    def _clients(self) -> tuple[Any, Any]:
+        from kafka import KafkaAdminClient, KafkaConsumer
+
+        if self._consumer is None:
+            args = dict(bootstrap_servers=self.bus.bootstrap.split(","), client_id=f"{self.bus.client_id}-offsets",
+                        **self.bus._security)
+            self._consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, **args)
+            self._admin = KafkaAdminClient(**args)
+        return self._consumer, self._admin
+
+    def ends(self, topics: Sequence[str]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, partition) -> (beginning offset, end offset); topics that do not exist are left out."""
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        try:
+            c, _ = self._clients()
+            tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or ())]
+            if not tps:
+                return {}
+            begins, ends = c.beginning_offsets(tps), c.end_offsets(tps)
+        except KafkaError as exc:
+            raise BusError(f"Kafka offsets at {self.bus.bootstrap}: {exc}") from exc
+        return {(tp.topic, tp.partition): (begins[tp], ends[tp]) for tp in tps}
+
+    def committed(self, group: str) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the group's committed offset ({} for a group that never committed)."""
+        from kafka.errors import KafkaError
+
+        try:
+            _, admin = self._clients()
+            if hasattr(admin, "list_group_offsets"):  # kafka-python 3.x
+                got = admin.list_group_offsets({group: None}).get(group, {})
+            else:  # kafka-python 2.x
+                got = admin.list_consumer_group_offsets(group)
+        except KafkaError as exc:
+            raise BusError(f"Kafka offsets of group {group!r} at {self.bus.bootstrap}: {exc}") from exc
+        return {(tp.topic, tp.partition): om.offset for tp, om in got.items() if om.offset is not None and om.offset >= 0}
+
+    def close(self) -> None:
+        for c in (self._consumer, self._admin):
+            if c is not None:
+                c.close()
+        self._consumer = self._admin = None
+
+
+class KafkaTopicReader:
+    """Every partition of ``topics`` from the oldest retained message, outside any consumer group
+    (nothing committed; partitions that appear later are picked up from their start). For services
+    that fold a whole small topic into state at every start (``fleethealth fleet-metrics``)."""
+
+    def __init__(self, bus: KafkaBus, topics: Sequence[str], recheck_s: float = 10.0) -> None:
+        from kafka import KafkaConsumer
+
+        self.topics, self.recheck_s = list(topics), recheck_s
+        self._c = KafkaConsumer(bootstrap_servers=bus.bootstrap.split(","), client_id=f"{bus.client_id}-reader",
+                                group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                                metadata_max_age_ms=int(recheck_s * 1000), **bus._security)
+        self._assigned: set[Any] = set()
+        self._checked = float("-inf")
+
+    def _assign(self) -> None:
+        from kafka import TopicPartition
+
+        self._checked = time.monotonic()
+        want = {TopicPartition(t, p) for t in self.topics for p in (self._c.partitions_for_topic(t) or ())}
+        new = want - self._assigned
+        if new:
+            self._c.assign(sorted(want))
+            self._c.seek_to_beginning(*new)
+            self._assigned = want
+
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
+        from kafka.errors import KafkaError
+
+        try:
+            if time.monotonic() - self._checked >= self.recheck_s or not self._assigned:
+                self._assign()
+            if not self._assigned:
+                time.sleep(timeout)
+                return []
+            batches = self._c.poll(timeout_ms=int(timeout * 1000), max_records=max_records)
+        except KafkaError as exc:
+            raise BusError(f"Kafka read of {self.topics}: {exc}") from exc
+        return [_record(tp, m) for tp, msgs in batches.items() for m in msgs]
+
+    def commit(self) -> None:
+        return None  # group-less: the position lives only in this process
+
+    def close(self) -> None:
+        self._c.close()

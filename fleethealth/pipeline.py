@@ -27,7 +27,7 @@ from fleethealth.errors import UserError
 from fleethealth.fleet_exporter import FleetSampleExporter
 from fleethealth.fleet_metrics import CountingBus, FleetState, FleetStateCollector
 from fleethealth.run_report import RunSummary, write_report
-from fleethealth.schema import ActionRecord, Incident, decode_action, decode_incident, encode
+from fleethealth.schema import ActionRecord, Incident, encode
 
 log = logging.getLogger("fleethealth.pipeline")
 
@@ -115,14 +115,11 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
             detect.step()
             remediate.step()
             for rec in observer.poll(timeout=0, max_records=100_000):
-                if rec.topic == INCIDENTS:
-                    inc = decode_incident(rec.value)
-                    state.observe_incident(inc)
-                    incidents.append(inc)
-                else:
-                    act = decode_action(rec.value)
-                    state.observe_action(act)
-                    actions.append(act)
+                msg = state.observe_message(rec.topic, rec.value)
+                if isinstance(msg, Incident):
+                    incidents.append(msg)
+                elif msg is not None:
+                    actions.append(msg)
             observer.commit()
 
         t0 = time.monotonic()
@@ -234,6 +231,10 @@ def register(sub: Any) -> None:
     flag(d, "--report", type=Path, default=Path("reports/demo"), help="HTML report folder")
     _add_run_flags(d, demo=True)
     d.set_defaults(func=_cmd_demo)
+
+    from fleethealth.fleet_service import register as register_fleet_metrics
+
+    register_fleet_metrics(sub)  # the same fleet series, from Kafka, for the split deployment
 
 
 def _opts(args: argparse.Namespace, **over: Any) -> RunOptions:
