@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -26,6 +27,7 @@ sent in order, so a Kafka outage loses nothing (up to --spool-max-mb). Prometheu
 served on 127.0.0.1:--exporter-port. SIGTERM flushes the spool and saves the sequence number.
 
   fleethealth collect --simulate --once --sink stdout      # one simulated 8-GPU sample, no GPU needed
+  fleethealth collect --simulate --inject gpu_dram_uce@3 --once --sink stdout   # ... with a fault
   fleethealth collect --sink kafka:10.0.0.5:9092 --expected-gpus 8
 """
 
@@ -54,6 +56,10 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port on 127.0.0.1 (0 disables)")
     flag(p, "--sim-gpus", type=int, default=8, help="GPUs on the simulated host")
     flag(p, "--sim-seed", type=int, default=0, help="seed of the simulated host")
+    p.add_argument("--inject", action="append", default=[], metavar="MODE[@GPU]",
+                   help="with --simulate: inject a failure mode (vocabulary label) on GPU N (0 by default; "
+                        "IB port N for net_*) before the first poll; repeatable "
+                        "[env: FLEETHEALTH_INJECT, comma-separated]")
     p.set_defaults(func=run_collect)
     register_fleetsim(sub)  # simulate + replay (collectors/fleetsim)
 
@@ -75,6 +81,15 @@ def _sink(spec: str, topic: str) -> Any:
     raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
 
 
+def _inject(args: argparse.Namespace, nvml: Any, sys_root: Path) -> None:
+    from collectors import inject
+
+    specs = [*args.inject, os.environ.get("FLEETHEALTH_INJECT", "")]
+    for inj in inject.parse(specs, args.sim_gpus):
+        inject.apply([inj], nvml, sys_root)
+        log.info("injected %s on %s %d", inj.mode, "port" if inj.mode.startswith("net_") else "GPU", inj.gpu)
+
+
 def run_collect(args: argparse.Namespace) -> int:
     from collectors.daemon import Collector, CollectorSettings
     from collectors.exporter import SampleMetrics, load_catalog, start_exporter
@@ -91,7 +106,10 @@ def run_collect(args: argparse.Namespace) -> int:
         sysfs, proc, kmsg = sysfs or str(paths["sys"]), proc or str(paths["proc"]), kmsg or str(paths["kmsg"])
         nvml = SimNvml(args.sim_gpus, seed=args.sim_seed, host=args.host)
         expected = args.expected_gpus or args.sim_gpus
+        _inject(args, nvml, paths["sys"])
     else:
+        if args.inject or os.environ.get("FLEETHEALTH_INJECT"):
+            raise UserError("--inject needs --simulate (faults go into the simulated host)")
         try:
             import pynvml as nvml
         except ImportError as exc:
