@@ -181,6 +181,8 @@ class SupervisedDetector:
         if mode == FailureMode.HEALTHY or p < self.threshold:
             return None
         comp = comp if kind != "host" or mode.startswith("host_dram") else "host"
+        if kind == "gpu" and mode.startswith("pcie_"):
+            comp = _pci_of(w, comp)  # PCIe modes name the device's PCI address, as the rules do
         return self._finding(w, comp, mode, p, self._top[kind].evidence(row, w.ts))
 
     def _finding(self, w: WindowFeatures, comp: str, mode: str, p: float, ev: list[Evidence]) -> Finding:
@@ -190,6 +192,13 @@ class SupervisedDetector:
         return Finding(host=w.host, component=comp, failure_mode=mode, severity=info.severity.value,
                        confidence=round(min(p, 0.999), 4), detector=self.name, ts=w.ts, evidence=ev,
                        recommended_action=actions, cluster=w.cluster, rack=w.rack)
+
+
+def _pci_of(w: WindowFeatures, gpu: str) -> str:
+    try:
+        return w.gpu_pci[w.gpu_ids.index(gpu)] or gpu
+    except (ValueError, IndexError):
+        return gpu
 
 
 __all__ = ["FEATURES", "KINDS", "SupervisedDetector", "window_rows", "HI"]

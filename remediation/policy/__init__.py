@@ -25,7 +25,7 @@ ACTIONS = ("drain", "reset_gpu", "reboot", "ticket", "alert", "annotate", "none"
 SEVERITIES = ("critical", "major", "minor", "info")
 PRIORITIES = ("normal", "high", "rma")
 BUCKETS = frozenset(b for b in KNOWN_IMMEDIATE if b) | {"UNSPECIFIED"}
-MATCH_KEYS = ("failure_mode", "severity", "nvidia_bucket", "xid", "min_confidence", "history")
+MATCH_KEYS = ("failure_mode", "severity", "nvidia_bucket", "xid", "min_confidence", "history", "detector")
 RULE_KEYS = ("name", "match", "actions", "ticket_priority", "reason")
 DEFAULT_POLICY = "remediation/policy/default.yaml"
 
@@ -64,8 +64,11 @@ class Rule:
     actions: tuple[str, ...]
     ticket_priority: str
     reason: str
+    detectors: tuple[str, ...] | None = None  # prefixes of Incident.detector, e.g. "model:"
 
     def matches(self, inc: Incident, hist: History) -> bool:
+        if self.detectors is not None and not inc.detector.startswith(self.detectors):
+            return False
         if self.failure_modes is not None and inc.failure_mode not in self.failure_modes:
             return False
         if self.severities is not None and inc.severity not in self.severities:
@@ -185,6 +188,11 @@ def _rule(src: str, node: yaml.Node, index: int) -> Rule:
                                                for _, n in _scalars(src, mv, "xid"))
                 elif mk == "min_confidence":
                     fields["min_confidence"] = _number(src, mv, "min_confidence", 0.0, 1.0)
+                elif mk == "detector":
+                    prefixes = tuple(str(d) for d, _ in _scalars(src, mv, "detector prefix"))
+                    if not prefixes or any(not d for d in prefixes):
+                        raise _err(src, mv, "detector needs one or more non-empty prefixes, e.g. 'model:'")
+                    fields["detectors"] = prefixes
                 elif mk == "history":
                     h = {k: n for k, _, n in _mapping(src, mv, "history")}
                     unknown = set(h) - {"min_prior", "within_days"}

@@ -42,6 +42,18 @@ def test_second_dram_uce_within_30_days_escalates_to_rma() -> None:
     assert d.actions == ("drain", "ticket") and d.ticket_priority == "rma"
 
 
+@pytest.mark.parametrize("mode", ["net_link_down", "gpu_dram_uce", "pcie_fatal", "gpu_fell_off_bus"])
+def test_a_model_alone_never_drains(mode: str) -> None:
+    d = DEFAULT.decide(incident(mode=mode, detector="model:fault_classifier@1", confidence=0.8))
+    assert d.rule == "model-only-finding" and d.actions == ("ticket",)
+    assert "drain" in DEFAULT.decide(incident(mode=mode, detector="net.port-down")).actions
+
+
+def test_detector_match_needs_prefixes(tmp_path: Path) -> None:
+    msg = _bad(HEAD + "  - name: x\n    match: {detector: []}\n    actions: [ticket]\n", tmp_path)
+    assert "policy.yaml:4" in msg and "detector needs" in msg
+
+
 def test_app_error_annotates_only() -> None:
     assert DEFAULT.decide(incident(mode="app_error", severity="info")).actions == ("annotate",)
 
