@@ -222,6 +222,9 @@ def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: F
         for kind, (ids, _) in window_rows(w).items():
             for cid, lab, ex in zip(ids, labels[kind], also[kind], strict=True):
                 by_comp[cid] = (lab, ex)
+        for cid, pci in zip(w.gpu_ids, w.gpu_pci, strict=False):  # PCIe findings name the PCI address
+            if pci and cid in by_comp:
+                by_comp[pci] = by_comp[cid]
         host_lab = (labels["host"][0], also["host"][0])
         for name, det in (("supervised", sup), ("peer", peer)):
             if det is None:
