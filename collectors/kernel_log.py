@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from fleethealth.ids import normalise_pci as _normalise_pci
 from fleethealth.schema import KernelEvent
 
 MAX_LINE = 8192
@@ -64,21 +65,7 @@ _EDAC = re.compile(r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<n>\d+) (?P<t>CE|UE) ")
 _MCE = re.compile(r"(?:mce|MCE): \[Hardware Error\]: (?P<body>.*)$")
 
 
-def normalise_pci(addr: str) -> str:
-    """``0000:3b:00`` / ``00000000:3B:00.0`` -> ``0000:3b:00.0`` (NVML pads the domain to 8 digits)."""
-    a = addr.strip().lower()
-    if a.startswith("pci:"):
-        a = a[4:]
-    parts = a.split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0000")
-    if len(parts) != 3:
-        return a
-    dom, bus, devfn = parts
-    dom = dom[-4:].rjust(4, "0")
-    if "." not in devfn:
-        devfn += ".0"
-    return f"{dom}:{bus}:{devfn}"
+normalise_pci = _normalise_pci  # one canonical form for every part (fleethealth.ids)
 
 
 def _severity(text: str) -> str:

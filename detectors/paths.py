@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fleethealth.ids import normalise_pci as _normalise_pci
 from fleethealth.schema import (
     AerDevice,
     EdacDimm,
@@ -160,15 +161,7 @@ def gpu_component(g: GpuSample) -> str:
     return g.uuid or f"gpu{g.index}"
 
 
-def norm_pci(addr: str) -> str:
-    """``00000000:3B:00.0`` (NVML) and ``0000:3b:00.0`` (sysfs) name the same function."""
-    a = addr.strip().lower()
-    if a.count(":") == 2:
-        dom, rest = a.split(":", 1)
-        a = f"{int(dom, 16) if dom else 0:04x}:{rest}" if all(c in "0123456789abcdef" for c in dom) else a
-    elif a.count(":") == 1:
-        a = "0000:" + a
-    return a
+norm_pci = _normalise_pci  # one canonical form for every part (fleethealth.ids)
 
 
 def iter_scope(sample: Sample, scope: str) -> Iterator[tuple[str, Any, Any]]:

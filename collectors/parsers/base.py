@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleethealth.ids import normalise_pci as _normalise_pci
 from fleethealth.schema import GpuSample, Sample
 
 PLACEHOLDER_HOST = "unknown"
@@ -136,18 +137,4 @@ def yes_no(value: str | None) -> bool | None:
     return None
 
 
-def pci_norm(addr: str) -> str:
-    """``00000000:3B:00.0`` / ``0000:3b:00`` -> ``0000:3b:00.0``."""
-    a = addr.strip().lower()
-    if a.startswith("pci:"):
-        a = a[4:]
-    parts = a.split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0000")
-    if len(parts) != 3:
-        return a
-    dom, bus, devfn = parts
-    dom = dom[-4:].rjust(4, "0")
-    if "." not in devfn:
-        devfn += ".0"
-    return f"{dom}:{bus}:{devfn}"
+pci_norm = _normalise_pci  # one canonical form for every part (fleethealth.ids)

@@ -22,6 +22,7 @@ from functools import cache
 import numpy as np
 
 from detectors.ml.counters import deltas
+from fleethealth.ids import normalise_pci as _normalise_pci
 from fleethealth.schema import GpuSample, NetPort, Sample
 from fleethealth.xid import xid_table
 
@@ -78,14 +79,7 @@ def _xid_slots() -> dict[int, tuple[int, int | None]]:
     return out
 
 
-@cache
-def pci_key(addr: str) -> str:
-    """NVML's ``00000000:18:00.0`` and sysfs's ``0000:18:00.0`` name the same device."""
-    dom, _, rest = addr.partition(":")
-    try:
-        return f"{int(dom, 16):04x}:{rest.lower()}" if rest else addr.lower()
-    except ValueError:
-        return addr.lower()
+pci_key = cache(_normalise_pci)  # one canonical form for every part (fleethealth.ids), memoised
 
 
 def gpu_component(g: GpuSample) -> str:
