@@ -56,6 +56,7 @@ class RunOptions:
     quiet: bool = False
     batch: int = 256
     ports_optional: bool = False  # demo: a busy port is a warning, not an error
+    with_models: bool = False  # also run the ML detectors (detectors/models)
 
 
 @dataclass
@@ -87,7 +88,7 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
     source = run_parts.open_source(opts)
     tickets = opts.tickets or "sqlite::memory:"
     observe_ts, stream_now = run_parts.stream_clock()
-    detect = run_parts.Detection(bus)
+    detect = run_parts.Detection(bus, with_models=opts.with_models)
     remediate = run_parts.Remediation(bus, tickets, clock=stream_now)
     fleet_exporter = FleetSampleExporter()
     groups = [(detect.group, TELEMETRY), (remediate.group, INCIDENTS)]
@@ -215,6 +216,8 @@ def _add_run_flags(p: argparse.ArgumentParser, demo: bool = False) -> None:
     flag(p, "--keep-serving", type=float, default=0.0, metavar="S",
          help="after the run, keep the exporters up S seconds (for Prometheus / Grafana)")
     flag(p, "--quiet", action="store_true", help="no progress bar")
+    flag(p, "--with-models", action="store_true",
+         help="also run the ML detectors shipped in detectors/models (their incidents open tickets, never drains)")
 
 
 def register(sub: Any) -> None:
@@ -246,7 +249,8 @@ def _opts(args: argparse.Namespace, **over: Any) -> RunOptions:
         interval=getattr(args, "interval", 10.0), fault_rate=getattr(args, "fault_rate", 1.0),
         seed=getattr(args, "seed", 0), speed=args.speed, score=getattr(args, "score", False),
         report=getattr(args, "report", None), tickets=args.tickets, metrics_port=args.metrics_port,
-        exporter_port=args.exporter_port, keep_serving=args.keep_serving, quiet=args.quiet)
+        exporter_port=args.exporter_port, keep_serving=args.keep_serving, quiet=args.quiet,
+        with_models=args.with_models)
     for k, v in over.items():
         setattr(o, k, v)
     return o

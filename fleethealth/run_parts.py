@@ -135,15 +135,22 @@ class Detection:
 
     group = "fleethealth-detect"
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, with_models: bool = False) -> None:
         try:
+            from detectors.engine import DetectorEngine
             from detectors.metrics import DetectMetrics
             from detectors.worker import DetectWorker
         except ImportError as exc:
             raise UserError(f"the detectors part is not installed here ({exc})") from exc
+        extra: list[Any] = []
+        if with_models:  # opt-in: model-only incidents are tickets, never drains (remediation policy)
+            from detectors.registry import model_detectors
+
+            extra = model_detectors()
         self.bus = bus
         self.metrics = DetectMetrics()
-        self.worker = DetectWorker(bus, group=self.group, poll_timeout=0.0, metrics=self.metrics, idle_tick=False)
+        self.worker = DetectWorker(bus, DetectorEngine(extra_detectors=extra), group=self.group, poll_timeout=0.0,
+                                   metrics=self.metrics, idle_tick=False)
 
     def step(self) -> int:
         n = 0

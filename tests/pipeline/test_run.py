@@ -82,3 +82,14 @@ def test_scorecard_comes_from_the_detectors_scoring_code(result) -> None:
     assert card["faults"] > 0 and card["detections"] > 0
     detected = {i.failure_mode for i in res.incidents}
     assert detected & set(card["modes"]), "the scorecard scores the modes the run detected"
+
+
+def test_with_models_a_drain_always_has_a_rule_behind_it() -> None:
+    res = run(RunOptions(**SIM, with_models=True))
+    spoke: dict[str, set[str]] = {}
+    for i in res.incidents:
+        spoke.setdefault(i.id, set()).add("model" if i.detector.startswith("model:") else "rule")
+    assert any("model" in v for v in spoke.values()), "the shipped models raised nothing at 3000x faults"
+    drained = {a.incident_id for a in res.actions if a.kind in ("drain", "reset_gpu", "reboot_request")}
+    assert drained
+    assert all("rule" in spoke[i] for i in drained), "a drain answered an episode no rule ever raised"
