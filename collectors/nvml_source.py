@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -47,23 +48,44 @@ class NvmlPoll:
 
 
 class _Worker:
-    """One daemon thread running one call; ``done`` is set when it returns."""
+    """One call handed to a lane; ``done`` is set when it returns."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
         self._fn = fn
-        self.thread = threading.Thread(target=self._run, daemon=True, name="nvml-read")
-        self.thread.start()
 
-    def _run(self) -> None:
+    def run(self) -> None:
         try:
             self.result = self._fn()
         except BaseException as exc:  # noqa: BLE001 - handed back to the poller
             self.error = exc
         finally:
             self.done.set()
+
+
+class _Lanes:
+    """One long-lived daemon thread per GPU (and one for the event set): starting a thread per GPU
+    per poll cost a third of the poll. A lane whose call hangs stays busy; the poller skips it
+    (``NvmlSource._pending``) until the call returns, so threads never pile up."""
+
+    def __init__(self) -> None:
+        self._queues: dict[Any, queue.SimpleQueue[_Worker]] = {}
+
+    def submit(self, key: Any, fn: Callable[[], Any]) -> _Worker:
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(q,), daemon=True, name=f"nvml-{key}").start()
+        w = _Worker(fn)
+        q.put(w)
+        return w
+
+    @staticmethod
+    def _serve(q: queue.SimpleQueue[_Worker]) -> None:
+        while True:
+            q.get().run()
 
 
 def _hkey(handle: Any) -> int:
@@ -95,6 +117,7 @@ class NvmlSource:
         self.clock = clock
         self.max_links = min(max_links, MAX_LINKS)
         self._pending: dict[Any, _Worker] = {}  # gpu index (or "events") -> stuck worker
+        self._lanes = _Lanes()
         self._known: dict[str, tuple[int, str, str]] = {}  # uuid -> (index, pci, name) seen before
         self._events: Any = None
         self._registered: set[int] = set()
@@ -158,7 +181,7 @@ class NvmlSource:
                 self.stuck_skips += 1
                 continue
             self._pending.pop(i, None)
-            workers[i] = _Worker(lambda i=i: self._read_gpu(i))
+            workers[i] = self._lanes.submit(i, lambda i=i: self._read_gpu(i))
         ev_worker = self._start_events()
         for i, w in workers.items():
             if w is None:
@@ -327,7 +350,7 @@ class NvmlSource:
         if stuck is not None and not stuck.done.is_set():
             return None
         self._pending.pop("events", None)
-        return _Worker(self._drain_events)
+        return self._lanes.submit("events", self._drain_events)
 
     def _drain_events(self) -> list[tuple[int, int]]:
         nv = self.nvml

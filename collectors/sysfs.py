@@ -35,10 +35,14 @@ class ReadStats:
             self.skipped.append(f"{kind}:{path}")
 
 
-def read_text(path: Path, stats: ReadStats) -> str | None:
+def read_text(path: Path | str, stats: ReadStats) -> str | None:
+    # os.open/os.read: a third of the cost of a text-mode open() on the ~340 small files of a poll
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(65536).strip()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.read(fd, 65536).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         stats.note("vanished", path)
     except OSError:  # EIO / ENODEV / EINVAL from a device that is going away
@@ -46,7 +50,7 @@ def read_text(path: Path, stats: ReadStats) -> str | None:
     return None
 
 
-def read_int(path: Path, stats: ReadStats) -> int | None:
+def read_int(path: Path | str, stats: ReadStats) -> int | None:
     text = read_text(path, stats)
     if text is None:
         return None
@@ -60,7 +64,7 @@ def read_int(path: Path, stats: ReadStats) -> int | None:
     return min(v, U64_MAX)
 
 
-def listdir(path: Path, stats: ReadStats) -> list[str]:
+def listdir(path: Path | str, stats: ReadStats) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except FileNotFoundError:
@@ -162,9 +166,9 @@ def read_net_ports(sysfs_root: str | Path, stats: ReadStats) -> list[NetPort]:
                 np.link_layer = ll
             counters: dict[str, int] = {}
             for sub, prefix in (("counters", ""), ("hw_counters", "hw_")):
-                cdir = p / sub
+                cdir = os.path.join(p, sub)  # str joins: pathlib's `/` cost more than the reads
                 for name in listdir(cdir, stats):
-                    v = read_int(cdir / name, stats)
+                    v = read_int(os.path.join(cdir, name), stats)
                     if v is not None:
                         counters[prefix + name] = v
             np.counters = counters
