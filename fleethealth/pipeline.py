@@ -154,7 +154,8 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
             source=source.describe, hosts=len(state.hosts), samples=n, wall_s=round(wall, 3),
             stream_span_s=round((last_ts or 0) - (first_ts or 0), 3), incidents=incidents, actions=actions,
             host_states=state.host_states(), dead_letters=bus.counts().get(DEADLETTER, 0),
-            scorecard=card, scorecard_text=card_text, dry_run=True)
+            scorecard=card, scorecard_text=card_text, dry_run=True,
+            plots=run_parts.score_plots(source, incidents, host_ts) if opts.score and opts.report else ())
         result = RunResult(summary, incidents=incidents, actions=actions)
         if opts.report:
             result.report_path = write_report(summary, opts.report)
@@ -290,8 +291,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _print_result(res)
     prov = REPO / "deploy" / "grafana" / "provisioning"
     print(f"Grafana: provision {prov}/datasources and {prov}/dashboards (dashboards in {REPO / 'dashboards/json'}),"
-          f" datasource Prometheus at {PROMETHEUS_URL} (scripts/services.sh up prometheus); metrics were served"
-          f" on 127.0.0.1:{args.exporter_port} (collector) and :{args.metrics_port} (services)"
-          + (f" and stay up {args.keep_serving:.0f} s" if args.keep_serving else
-             " during the run (--keep-serving S keeps them up)"))
+          f" datasource Prometheus at {PROMETHEUS_URL} (scripts/services.sh up prometheus)"
+          + ("; metrics were not served (--exporter-port/--metrics-port 0)"
+             if not (args.exporter_port or args.metrics_port) else
+             f"; metrics were served on 127.0.0.1:{args.exporter_port} (collector) and :{args.metrics_port} (services)"
+             + (f" and stay up {args.keep_serving:.0f} s" if args.keep_serving else
+                " during the run (--keep-serving S keeps them up)")))
     return 0

@@ -300,6 +300,15 @@ def score(source: Source, incidents: list[Incident], host_ts: dict[str, list[flo
     return scorecard(source.truth, incidents, host_ts.keys(), host_ts)
 
 
+def score_plots(source: Source, incidents: list[Incident], host_ts: dict[str, list[float]]) -> list[tuple[str, str]]:
+    """The scorecard's plots for the HTML report (none without ground truth)."""
+    if not source.truth:
+        return []
+    from fleethealth.run_scoring import plots
+
+    return plots(source.truth, incidents, host_ts)
+
+
 def stream_clock() -> tuple[Callable[[Sample], None], Callable[[], float]]:
     """(observe, now): ``now`` is the newest sample timestamp seen (wall clock before any sample)."""
     latest = [0.0]

@@ -34,6 +34,7 @@ class RunSummary:
     scorecard: Mapping[str, Any] | None = None
     scorecard_text: str = ""
     dry_run: bool = True
+    plots: Sequence[tuple[str, str]] = ()  # (title, base64 PNG) of the scorecard, when scored
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -121,6 +122,7 @@ def render_html(s: RunSummary, max_rows: int = 200) -> str:
             ["remediation", "dry-run (nothing drained)" if s.dry_run else "live"],
         ]),
         "<h2>Scorecard</h2>", _scorecard_html(s.scorecard, s.scorecard_text),
+        *(f"<h3>{html.escape(t)}</h3><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>" for t, b in s.plots),
         "<h2>Host states at the end</h2>",
         _table(["state", "hosts"], sorted(states.items())),
         "<h2>Incidents by failure mode</h2>", _table(["failure mode", "episodes"], sorted(by_mode.items())),

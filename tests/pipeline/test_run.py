@@ -93,3 +93,12 @@ def test_with_models_a_drain_always_has_a_rule_behind_it() -> None:
     drained = {a.incident_id for a in res.actions if a.kind in ("drain", "reset_gpu", "reboot_request")}
     assert drained
     assert all("rule" in spoke[i] for i in drained), "a drain answered an episode no rule ever raised"
+
+
+def test_scored_report_carries_the_scorecard_plots(tmp_path: Path) -> None:
+    res = run(RunOptions(**SIM, score=True, report=tmp_path / "rep"))
+    assert res.summary.scorecard is not None
+    html = (tmp_path / "rep" / "index.html").read_text()
+    for title in ("Faults vs detections per host", "Confusion matrix", "Precision and recall"):
+        assert f"<h3>{title}</h3>" in html
+    assert html.count("data:image/png;base64,") == 4  # the three above and the incident timeline
