@@ -42,6 +42,10 @@ _LOOPS: dict[str, tuple[list[str], str, str, str]] = {
 }
 
 
+# scope -> the sample list whose identity gates the whole loop (scopes of gated rules only)
+_WHOLE = {"net_port": "net_ports", "aer": "aer", "edac_mc": "edac", "dimm": "edac"}
+
+
 def _get_lines(path: Path, var: str, dst: str) -> list[str]:
     chain = list(path.chain)
     key = chain.pop() if path.is_dict_key else None
@@ -160,6 +164,10 @@ def _inputs(ev: Evaluator) -> tuple[list[str], bool] | None:
     return None
 
 
+def _all_gated(evs: list[Evaluator]) -> bool:
+    return all((info := _inputs(ev)) is not None and not info[1] for ev in evs)
+
+
 def _gated(g: _Gen, scope: str, evs: list[Evaluator], n: int, ind: str) -> list[str]:
     """Rules whose inputs are all unchanged since the last sample and that were all quiet then
     are skipped as a block: one tuple comparison of sub-structures instead of every rule. Rules
@@ -190,7 +198,12 @@ def _gated(g: _Gen, scope: str, evs: list[Evaluator], n: int, ind: str) -> list[
             else:
                 parts.append(f"e.{a}")
         g.ns["SNAPKEYS"] = _snapkeys
-        snap, flag = n, n + 1
+        snap, flag, same = n, n + 1, n + 2
+        if scope == "nvlink":
+            # the incremental decoder hands back the previous sample's object when its bytes did not
+            # change: an identity check skips even building the snapshot tuple
+            lines += [f"if e is mem[{same}] and not ep and not mem[{flag}]:", "    continue",
+                      f"mem[{same}] = e"]
         lines += [f"snap = ({', '.join(parts)},)", f"if ep or mem[{flag}] or snap != mem[{snap}]:",
                   f"    mem[{snap}] = snap"]
         for ev in gated:
@@ -210,7 +223,8 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]]) -> Any:
     g = _Gen()
     g.ns["NEWMEM"] = _newmem
     body = ["def evaluate(st, sample, out):", "    ep = st.epoch_changed", "    pos = st.pos",
-            "    any_xid = False"]
+            "    any_xid = False", "    gates = st.gates",
+            f"    if len(gates) < {len(scopes)}:", f"        gates.extend([None, True] for _ in range({len(scopes)} - len(gates)))"]
     order = [s for s in SCOPES if s != "host"] + ["host"]
     index = {name: k for k, (name, _, _) in enumerate(scopes)}
     for scope in order:
@@ -229,18 +243,30 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]]) -> Any:
                 body += [ind + ln for ln in g.rule_lines(ev)]
             continue
         header, rid, rid2, name = _LOOPS[scope]
-        body += [f"    pc = pos[{k}] if len(pos) > {k} else ()"]
-        body += ["    " + h for h in header]
-        ind = "    " * (2 if scope not in ("dimm",) else 3)
+        whole = _WHOLE.get(scope) if _all_gated(evs) else None
+        pre = "    "
+        if whole is not None:
+            # the scope's list is the very object of the host's previous sample (the incremental
+            # decoder reuses it when its bytes did not change) and no component had a live rule:
+            # every gated block would be skipped, so skip the loop
+            body += [f"    gk = gates[{k}]", f"    if ep or gk[1] or sample.{whole} is not gk[0]:",
+                     "        live = False"]
+            pre = "        "
+        body += [f"{pre}pc = pos[{k}] if len(pos) > {k} else ()"]
+        body += [pre + h for h in header]
+        ind = pre + "    " * (1 if scope not in ("dimm",) else 2)
         body += [f"{ind}rid = {rid}", f"{ind}rid2 = {rid2}",
                  f"{ind}mem = pc[i] if i < len(pc) and pc[i][1] == rid and pc[i][2] == rid2 else None",
                  f"{ind}if mem is None:",
-                 f"{ind}    mem = NEWMEM(st, {k}, {scope!r}, i, rid, rid2, {name}, {n + 2})",
+                 f"{ind}    mem = NEWMEM(st, {k}, {scope!r}, i, rid, rid2, {name}, {n + 3})",
                  f"{ind}    if mem is None:", f"{ind}        continue",
                  f"{ind}comp = mem[0]"]
         if scope == "gpu":
             body += [f"{ind}if e.xids:", f"{ind}    any_xid = True"]
         body += _gated(g, scope, evs, n, ind)
+        if whole is not None:
+            body += [f"{ind}if mem[{n + 1}]:", f"{ind}    live = True",
+                     f"{pre}gk[0] = sample.{whole}", f"{pre}gk[1] = live"]
     src = "\n".join(body) + "\n"
     code = compile(src, "<detectors.codegen>", "exec")
     exec(code, g.ns)

@@ -39,6 +39,7 @@ from fleethealth.taxonomy import FAULT_LABELS, MODES, parse_mode
 
 log = logging.getLogger(__name__)
 UNREACHABLE = "host_unreachable"
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(slots=True)
@@ -54,11 +55,11 @@ class Precedence:
         name = str(path) if path else "detectors/precedence.yaml"
         text = path.read_text() if path else resources.files("detectors").joinpath("precedence.yaml").read_text()
         try:
-            raw = yaml.safe_load(text) or {}
+            raw = yaml.load(text, Loader=_LOADER) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             raise RuleError(f"{name}:{mark.line + 1 if mark else 1}: not valid YAML") from None
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_LOADER)
         lines = {k.value: v.start_mark.line + 1 for k, v in root.value} if root is not None else {}
         p = cls(float(raw.get("model_max_confidence", 0.8)), dict(raw.get("never_drain") or {}))
         for i, entry in enumerate(raw.get("supersedes") or []):

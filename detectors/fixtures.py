@@ -89,6 +89,10 @@ class HostSeries:
         s.net_ports = [msgspec.structs.replace(p, counters={**p.counters, "port_rcv_data": self.data_bytes,
                                                             "port_xmit_data": self.data_bytes})
                        for p in self.base.net_ports]
+        # fresh lists: an fn that replaces an element changes this sample only, never the base (a fed
+        # sample is not mutated afterwards; the engine may compare the next sample's lists by identity)
+        s.aer = list(self.base.aer)
+        s.edac = [msgspec.structs.replace(m, dimms=list(m.dimms)) for m in self.base.edac]
         s.gpus = [msgspec.structs.replace(g, temperature_c=55.0 + (self.seq + g.index) % 7) for g in self.base.gpus]
         if fn is not None:
             fn(s)

@@ -125,6 +125,8 @@ class HostState:
     # (scope, component) -> that component's rule memory (a list of slots, see detectors.ruleset)
     slots: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     pos: list[list[Any]] = field(default_factory=list)  # per scope: component memory by position
+    # per scope: [the sample list last evaluated, any component live then] (see detectors.codegen)
+    gates: list[list[Any]] = field(default_factory=list)
     snapshot: bool = False  # stateless evaluation: counters count from zero
     notes: list[str] = field(default_factory=list)  # bounded: last few state notes
 
