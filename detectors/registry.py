@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ from fleethealth.schema import Sample
 log = logging.getLogger(__name__)
 Factory = Callable[[], Any]
 _MODELS: dict[str, Factory] = {}
+# factories that build several registered models at once, sharing work (e.g. one feature stream)
+_SUITES: list[tuple[frozenset[str], Callable[[], list[Detector]]]] = []
 
 
 class RuleFileDetector:
@@ -70,6 +72,12 @@ def register_model(name: str, factory: Factory) -> None:
     _MODELS[name] = factory
 
 
+def register_model_suite(names: Iterable[str], factory: Callable[[], list[Detector]]) -> None:
+    """Called by the ML part: ``model_detectors()`` builds these models together through ``factory``
+    instead of one by one (the contract suite still builds each alone)."""
+    _SUITES.append((frozenset(names), factory))
+
+
 def _import_models() -> None:
     try:
         __import__("detectors.ml")
@@ -81,7 +89,16 @@ def model_detectors() -> list[Detector]:
     """Instantiate every registered model detector that can load its model."""
     _import_models()
     out: list[Detector] = []
+    built: set[str] = set()
+    for names, suite in _SUITES:
+        try:
+            out.extend(suite())
+            built |= names
+        except Exception as exc:  # fall back to building them one by one below
+            log.warning("model suite %s not loaded: %s", ",".join(sorted(names)), exc)
     for name, factory in sorted(_MODELS.items()):
+        if name in built:
+            continue
         try:
             out.append(factory())
         except Exception as exc:  # untrained / missing model: run without it, say so

@@ -55,11 +55,12 @@ def load_ml_detectors(model_dir: Path | None = None) -> list[Detector]:
 
 def _register() -> None:
     try:
-        from detectors.registry import register_model
+        from detectors.registry import register_model, register_model_suite
     except ImportError:  # the registry is optional for the ML part
         return
     register_model(SUPERVISED_NAME, load_supervised)
     register_model(PEER_NAME, load_peer)
+    register_model_suite({SUPERVISED_NAME, PEER_NAME}, load_ml_detectors)  # one shared feature stream
 
 
 _register()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from detectors.engine import DetectorEngine
 from detectors.ml import load_ml_detectors, load_supervised
@@ -101,3 +102,13 @@ def test_training_labels_follow_what_a_window_can_show() -> None:
     assert training_label(sram, 2000.0, 2060.0) is None  # no lingering state named: not trained on
     ev = FaultIndex([uce], grace_s=600.0)
     assert ev.by_host["h"] and not FaultIndex([uce], training=True).grace_s
+
+
+def test_registry_builds_the_shipped_models_on_one_feature_stream() -> None:
+    from detectors.registry import model_detectors
+
+    ds = model_detectors()
+    if not ds:
+        pytest.skip("no shipped model in detectors/models")
+    streams = {id(getattr(d, "stream", None)) for d in ds}
+    assert len(ds) == 2 and len(streams) == 1 and None not in {getattr(d, "stream", None) for d in ds}
