@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
+from operator import attrgetter
 
 import numpy as np
 
@@ -117,6 +118,13 @@ class HostFeatureState:
     lost: set[int] = field(default_factory=set)
     kern: list[int] = field(default_factory=lambda: [0, 0, 0])  # mce, fell_off_bus, aer
     skipped: int = 0
+    # what the last window close saw, to skip unchanged parts (see "Unchanged parts" in _close)
+    gpu_seen: dict[str, tuple[tuple[object, ...], list[float], float]] = field(default_factory=dict)
+    gpu_block: tuple[list[tuple[object, ...]], list[str], np.ndarray, list[float]] | None = None
+    ports_seen: tuple[object, np.ndarray | None] = (None, None)
+    aer_seen: object = None
+    edac_seen: object = None
+    reuse: bool = True  # False: recompute every part at every close (the reference the tests compare with)
 
 
 def _accumulate(st: HostFeatureState, s: Sample) -> None:
@@ -182,9 +190,15 @@ _I_THR = GI["thr_hw_slowdown"]
 _I_LOST = GI["lost"]
 
 
-def _gpu_row(st: HostFeatureState, g: GpuSample, per_min: float, aer_d: dict[str, list[int]]) -> list[float]:
-    key = gpu_component(g)
-    row = [0.0] * _NF
+_STATIC = GI["nvlink_links_inactive"] + 1  # row[:_STATIC]: counters and flags; the rest: gauges, events
+_I_DEGRADED = GI["pcie_degraded_under_load"]
+_gpu_parts = attrgetter("ecc", "remapped_rows", "retired_pages", "pcie", "nvlink")
+
+
+def _gpu_static(st: HostFeatureState, key: str, g: GpuSample, per_min: float) -> tuple[list[float], float]:
+    """Counter rates and state flags of one GPU (``row[:_STATIC]``) and its PCIe downshift ratio;
+    advances the GPU's counter snapshots."""
+    row = [0.0] * _STATIC
     cur = _gpu_counters(g)
     prev = st.gpu_snap.get(key)
     if prev != cur:
@@ -199,7 +213,6 @@ def _gpu_row(st: HostFeatureState, g: GpuSample, per_min: float, aer_d: dict[str
         row[7], row[8] = float(bool(rr.pending)), float(bool(rr.failure))
     if rp is not None and rp.pending:
         row[11] = 1.0
-    util = g.utilization_pct or 0.0
     gen_r = width_r = 1.0
     if p is not None:
         if p.gen_current and p.gen_max and p.gen_current < p.gen_max:
@@ -207,12 +220,6 @@ def _gpu_row(st: HostFeatureState, g: GpuSample, per_min: float, aer_d: dict[str
         if p.width_current and p.width_max and p.width_current < p.width_max:
             width_r = p.width_current / p.width_max
     row[13], row[14] = gen_r, width_r
-    if util >= 30.0 and (gen_r < 1.0 or width_r < 1.0):  # links downshift at idle by design
-        row[15] = 1.0 - min(gen_r, width_r)
-    if aer_d and g.pci_bus_id:
-        ad = aer_d.get(pci_key(g.pci_bus_id))
-        if ad is not None:
-            row[16], row[17] = ad[0] * per_min, ad[1]
     nvl = g.nvlink
     if nvl is not None and nvl.crc_flit:
         nv = [*nvl.crc_flit, *nvl.crc_data, *nvl.replay, *nvl.recovery]
@@ -228,19 +235,19 @@ def _gpu_row(st: HostFeatureState, g: GpuSample, per_min: float, aer_d: dict[str
                 row[21] = max(crc[i] + rep[i] + rec[i] for i in range(n)) * per_min
         if False in nvl.active:
             row[22] = float(nvl.active.count(False))
-    row[_I_TEMP] = g.temperature_c if g.temperature_c is not None else math.nan
-    row[_I_POWER] = g.power_w if g.power_w is not None else math.nan
-    row[_I_UTIL] = util
-    bits = st.throttle.get(g.index, g.clocks_event_reasons or 0)
-    if bits & 0xE8:
-        for j, (_, mask) in enumerate(THROTTLE_BITS):
-            row[_I_THR + j] = float(bool(bits & mask))
-    xr = st.xids.get(g.index)
-    if xr is not None:
-        row[_XID0:_XID0 + N_XID] = xr
-    if g.index in st.lost or not g.present or g.nvml_error is not None:
-        row[_I_LOST] = 1.0
-    return row
+    return row, min(gen_r, width_r)
+
+
+_RATE_SLOTS = (0, 2, 12, 18, 19, 20, 21)  # rates: zero when the counters did not move
+_COUNT_SLOTS = (1, 3, 5, 6, 9, 10)  # counter deltas kept as counts
+
+
+def _quiet(row: list[float]) -> list[float]:
+    """The static part a GPU shows when none of its counters moved (flags and ratios kept)."""
+    q = row.copy()
+    for i in (*_RATE_SLOTS, *_COUNT_SLOTS):
+        q[i] = 0.0
+    return q
 
 
 def _median(xs: list[float]) -> float:
@@ -249,21 +256,93 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
 
 
-def _peer_columns(rows: list[list[float]]) -> None:
-    """Fill temp/power/util deviations from the host's median GPU (in place, on the row lists)."""
-    for col, dev in ((_I_TEMP, GI["temp_dev"]), (_I_POWER, GI["power_dev"]), (_I_UTIL, GI["util_dev"])):
-        vals = [r[col] for r in rows if r[col] == r[col]]  # skips NaN
-        if len(vals) < 2:
-            continue
-        med = _median(vals)
-        for r in rows:
-            if r[col] == r[col]:
-                r[dev] = r[col] - med
-        if col == _I_TEMP:
-            scale = max(_median([abs(v - med) for v in vals]) * 1.4826, 2.0)
-            zi = GI["temp_z"]
-            for r in rows:
-                r[zi] = r[dev] / scale
+_I_TEMP_DEV, _I_POWER_DEV, _I_UTIL_DEV, _I_TEMP_Z = GI["temp_dev"], GI["power_dev"], GI["util_dev"], GI["temp_z"]
+_NAN = math.nan
+
+
+def _gauge_columns(gpus: list[GpuSample]) -> list[list[float]]:
+    """Per GPU: temp_c, temp_dev, temp_z, power_w, power_dev, util_pct, util_dev (contiguous in
+    the row). Deviations are from the host's median GPU; a gauge NVML could not read (None, NaN)
+    is 0 with deviation 0 and takes no part in the median."""
+    temps = [g.temperature_c for g in gpus]
+    powers = [g.power_w for g in gpus]
+    utils = [g.utilization_pct or 0.0 for g in gpus]
+    t_ok = [v for v in temps if v is not None and v == v]
+    p_ok = [v for v in powers if v is not None and v == v]
+    mt = _median(t_ok) if len(t_ok) >= 2 else None
+    mp = _median(p_ok) if len(p_ok) >= 2 else None
+    mu = _median(utils) if len(utils) >= 2 else None
+    scale = max(_median([abs(v - mt) for v in t_ok]) * 1.4826, 2.0) if mt is not None else 1.0
+    out = []
+    for t, p, u in zip(temps, powers, utils, strict=True):
+        if t is None or t != t:
+            t = td = 0.0
+        else:
+            td = t - mt if mt is not None else 0.0
+        if p is None or p != p:
+            p = pd = 0.0
+        else:
+            pd = p - mp if mp is not None else 0.0
+        out.append([t, td, td / scale, p, pd, u, u - mu if mu is not None else 0.0])
+    return out
+
+
+def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
+                aer_d: dict[str, list[int]]) -> tuple[np.ndarray, list[str]]:
+    """The window's GPU rows (n_gpus, len(GPU_FEATURES)) and the GPUs' component ids.
+
+    ``row[:_STATIC]`` (counter rates, state flags, PCIe ratios) comes from the host's cached quiet
+    block when no GPU's sub-objects changed since the last close; gauges and the window's events
+    are written over it column-wise, and the peer columns use the host's median GPU."""
+    n = len(gpus)
+    parts = [_gpu_parts(g) for g in gpus]
+    block = st.gpu_block
+    if block is not None and st.reuse and block[0] == parts:
+        ids, static, lows = block[1], block[2], block[3]
+    else:  # some GPU's counters or flags changed: per GPU, the changed ones recomputed
+        ids, rows, lows = [], [], []
+        for g, pt in zip(gpus, parts, strict=True):
+            key = gpu_component(g)
+            seen = st.gpu_seen.get(key)
+            if seen is not None and st.reuse and seen[0] == pt:
+                row, low = seen[1], seen[2]
+            else:
+                row, low = _gpu_static(st, key, g, per_min)
+                st.gpu_seen[key] = (pt, _quiet(row), low)
+            ids.append(key)
+            rows.append(row)
+            lows.append(low)
+        static = np.array(rows, dtype=np.float64).reshape(n, _STATIC)
+        quiet = np.array([st.gpu_seen[k][1] for k in ids], dtype=np.float64).reshape(n, _STATIC)
+        st.gpu_block = (parts, ids, quiet, lows)
+    m = np.zeros((n, _NF))
+    m[:, :_STATIC] = static
+    if n:
+        m[:, _I_TEMP:_I_UTIL_DEV + 1] = _gauge_columns(gpus)
+    if any(low < 1.0 for low in lows):
+        for i, (g, low) in enumerate(zip(gpus, lows, strict=True)):
+            if (g.utilization_pct or 0.0) >= 30.0 and low < 1.0:  # links downshift at idle by design
+                m[i, _I_DEGRADED] = 1.0 - low
+    if aer_d:
+        for i, g in enumerate(gpus):
+            ad = aer_d.get(pci_key(g.pci_bus_id)) if g.pci_bus_id else None
+            if ad is not None:
+                m[i, 16], m[i, 17] = ad[0] * per_min, ad[1]
+    if st.throttle or st.xids or st.lost:
+        for i, g in enumerate(gpus):
+            bits = st.throttle.get(g.index, 0)
+            if bits & 0xE8:
+                for j, (_, mask) in enumerate(THROTTLE_BITS):
+                    m[i, _I_THR + j] = float(bool(bits & mask))
+            xr = st.xids.get(g.index)
+            if xr is not None:
+                m[i, _XID0:_XID0 + N_XID] = xr
+            if g.index in st.lost:
+                m[i, _I_LOST] = 1.0
+    for i, g in enumerate(gpus):
+        if not g.present or g.nvml_error is not None:
+            m[i, _I_LOST] = 1.0
+    return m, ids
 
 
 _NP = len(PORT_FEATURES)
@@ -321,56 +400,70 @@ def update(st: HostFeatureState, s: Sample, window_s: float = 60.0, max_gap_s: f
 
 
 def _rebaseline(st: HostFeatureState, s: Sample) -> None:
-    fresh = HostFeatureState(boot_id=s.boot_id, last_ts=s.ts, t0=s.ts, skipped=st.skipped)
+    fresh = HostFeatureState(boot_id=s.boot_id, last_ts=s.ts, t0=s.ts, skipped=st.skipped, reuse=st.reuse)
     for name in HostFeatureState.__slots__:  # type: ignore[attr-defined]
         setattr(st, name, getattr(fresh, name))
     _close(st, s, 0.0)  # takes the snapshots; its rows are discarded
 
 
 def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
+    """The window's rows. Unchanged parts: a GPU whose ECC / remap / retirement / PCIe / NVLink
+    sub-objects equal those of the last close, a port list, AER list or EDAC list equal to the last
+    close's, moved no counter, so their deltas are zero and their rows are the cached quiet ones
+    (with the incremental decoder these are the same objects and the test is one identity check)."""
     aer_d: dict[str, list[int]] = {}
-    gpu_addrs = {pci_key(g.pci_bus_id) for g in s.gpus if g.pci_bus_id}
     other_cor = other_uncor = 0.0
-    for a in s.aer:
-        k = pci_key(a.pci_addr)
-        cur = [_aer_totals(a.correctable, "TOTAL_ERR_COR"),
-               _aer_totals(a.fatal, "TOTAL_ERR_FATAL") + _aer_totals(a.nonfatal, "TOTAL_ERR_NONFATAL")]
-        d = deltas(st.aer_snap.get(k), cur)  # type: ignore[arg-type]
-        st.aer_snap[k] = cur
-        aer_d[k] = d
-        if k not in gpu_addrs:
-            other_cor += d[0] * per_min
-            other_uncor += d[1]
-    rows = [_gpu_row(st, g, per_min, aer_d) for g in s.gpus]
-    _peer_columns(rows)
-    gpu = np.array(rows, dtype=np.float64).reshape(len(rows), _NF)
-    if any(g.temperature_c is None or g.power_w is None for g in s.gpus):
-        np.nan_to_num(gpu, copy=False)
-    prows = [_port_row(st, p, per_min) for p in s.net_ports]
-    if prows:
-        _port_peers(prows)
-    port = np.array(prows, dtype=np.float64).reshape(len(prows), _NP)
+    if s.aer != st.aer_seen or not st.reuse:
+        st.aer_seen = s.aer
+        gpu_addrs = {pci_key(g.pci_bus_id) for g in s.gpus if g.pci_bus_id}
+        for a in s.aer:
+            k = pci_key(a.pci_addr)
+            cur = [_aer_totals(a.correctable, "TOTAL_ERR_COR"),
+                   _aer_totals(a.fatal, "TOTAL_ERR_FATAL") + _aer_totals(a.nonfatal, "TOTAL_ERR_NONFATAL")]
+            d = deltas(st.aer_snap.get(k), cur)  # type: ignore[arg-type]
+            st.aer_snap[k] = cur
+            if d[0] or d[1]:
+                aer_d[k] = d
+                if k not in gpu_addrs:
+                    other_cor += d[0] * per_min
+                    other_uncor += d[1]
+    gpu, gpu_ids = _gpu_matrix(st, s.gpus, per_min, aer_d)
+    ports_obj, quiet_ports = st.ports_seen
+    if quiet_ports is not None and st.reuse and s.net_ports == ports_obj:
+        port = quiet_ports
+    else:
+        prows = [_port_row(st, p, per_min) for p in s.net_ports]
+        if prows:
+            _port_peers(prows)
+        port = np.array(prows, dtype=np.float64).reshape(len(prows), _NP)
+        quiet = port.copy()
+        quiet[:, :len(PORT_COUNTERS)] = 0.0
+        quiet[:, PI["symbol_dev"]] = 0.0
+        quiet.flags.writeable = False  # shared by every window until a port changes
+        st.ports_seen = (s.net_ports, quiet)
     host = np.zeros(len(HOST_FEATURES))
     best_dimm, best_ce = "host", 0
-    for mc in s.edac:
-        cur_mc: list[int | None] = [mc.ce_count, mc.ue_count]
-        k = f"mc{mc.mc}"
-        d = deltas(st.edac_snap.get(k), cur_mc)
-        st.edac_snap[k] = cur_mc
-        host[0] += d[0] * per_min
-        host[1] += d[1]
-        for dimm in mc.dimms:
-            dk = f"{k}/{dimm.label}"
-            dd = deltas(st.edac_snap.get(dk), [dimm.ce, dimm.ue])
-            st.edac_snap[dk] = [dimm.ce, dimm.ue]
-            if dd[0] > best_ce:
-                best_dimm, best_ce = dimm.label, dd[0]
+    if s.edac != st.edac_seen or not st.reuse:
+        st.edac_seen = s.edac
+        for mc in s.edac:
+            cur_mc: list[int | None] = [mc.ce_count, mc.ue_count]
+            k = f"mc{mc.mc}"
+            d = deltas(st.edac_snap.get(k), cur_mc)
+            st.edac_snap[k] = cur_mc
+            host[0] += d[0] * per_min
+            host[1] += d[1]
+            for dimm in mc.dimms:
+                dk = f"{k}/{dimm.label}"
+                dd = deltas(st.edac_snap.get(dk), [dimm.ce, dimm.ue])
+                st.edac_snap[dk] = [dimm.ce, dimm.ue]
+                if dd[0] > best_ce:
+                    best_dimm, best_ce = dimm.label, dd[0]
     host[2] = best_ce * per_min
     present = sum(1 for g in s.gpus if g.present and g.nvml_error is None)
     host[3] = float(max(0, s.expected_gpus - present)) if s.expected_gpus else 0.0
     host[4], host[5], host[6] = st.kern
     host[7], host[8] = other_cor, other_uncor
-    return WindowFeatures(s.host, s.cluster, s.rack, st.t0, s.ts, [gpu_component(g) for g in s.gpus], gpu,
+    return WindowFeatures(s.host, s.cluster, s.rack, st.t0, s.ts, gpu_ids, gpu,
                           [f"{p.device}/{p.port}" for p in s.net_ports], port, host, best_dimm,
                           [pci_key(g.pci_bus_id) if g.pci_bus_id else "" for g in s.gpus])
 
@@ -382,8 +475,10 @@ class FeatureStream:
     sample object fed again, up to ``consumers`` times in all, returns the window already computed;
     a further feed of it is a duplicate like any other."""
 
-    def __init__(self, window_s: float = 60.0, max_gap_s: float = 600.0, consumers: int = 1) -> None:
+    def __init__(self, window_s: float = 60.0, max_gap_s: float = 600.0, consumers: int = 1,
+                 reuse: bool = True) -> None:
         self.window_s = window_s
+        self.reuse = reuse
         self.max_gap_s = max_gap_s
         self.consumers = consumers
         self.hosts: dict[str, HostFeatureState] = {}
@@ -396,7 +491,7 @@ class FeatureStream:
             return self._last[1]
         st = self.hosts.get(s.host)
         if st is None:
-            st = self.hosts[s.host] = HostFeatureState()
+            st = self.hosts[s.host] = HostFeatureState(reuse=self.reuse)
         w = update(st, s, self.window_s, self.max_gap_s)
         self._last, self._fed = (s, w), 1
         return w

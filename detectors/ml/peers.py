@@ -11,7 +11,9 @@ median, on log rates for counters — so load, ambient temperature and workload 
    training range, so it confirms rather than decides);
 3. the outlier must persist ``persist`` consecutive windows (3 by default).
 
-Only rows outside the envelope reach the forest, so sklearn stays off the hot path. A finding names
+Only rows outside the envelope reach the forest, so sklearn stays off the hot path; windows are
+scored in batches across hosts (see :class:`PeerDetector`), so numpy's per-call cost is paid per
+batch, not per window. A finding names
 the closest failure mode of its most deviant feature but always recommends a ticket — never a
 drain — and carries confidence <= 0.9: see docs/detectors.md, "ML".
 """
@@ -19,6 +21,7 @@ drain — and carries confidence <= 0.9: see docs/detectors.md, "ML".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -53,30 +56,43 @@ _PORT_RATE_COLS = [PI[f"{c}_rate"] for c in PORT_COUNTERS]
 
 
 def _med_dev(x: np.ndarray) -> np.ndarray:
-    return x - np.median(x, axis=0) if x.shape[0] >= 3 else np.zeros_like(x)
+    """Deviation from the peers' median along the component axis (-2): (..., n, f) -> same shape;
+    zeros with fewer than 3 peers (no majority to compare with)."""
+    if x.shape[-2] < 3:
+        return np.zeros_like(x)
+    return x - np.median(x, axis=-2, keepdims=True)
 
 
 def gpu_deviations(m: np.ndarray, slopes: dict[str, float]) -> np.ndarray:
-    if m.shape[0] < 3:
-        return np.zeros((m.shape[0], len(PEER_FEATURES["gpu"])))
-    util = m[:, GI["util_dev"]]
-    temp = m[:, GI["temp_dev"]] - slopes.get("temp_per_util", 0.0) * util
-    power = m[:, GI["power_dev"]] - slopes.get("power_per_util", 0.0) * util
-    rates = _med_dev(np.log1p(m[:, _GPU_RATE_COLS]))
-    return np.column_stack([temp, power, rates])
+    """GPU rows -> deviation vectors: ``m`` is one host's (n_gpus, features) or a stack of hosts
+    with the same GPU count, (hosts, n_gpus, features)."""
+    if m.shape[-2] < 3:
+        return np.zeros((*m.shape[:-1], len(PEER_FEATURES["gpu"])))
+    util = m[..., GI["util_dev"]]
+    out = np.empty((*m.shape[:-1], len(PEER_FEATURES["gpu"])))
+    out[..., 0] = m[..., GI["temp_dev"]] - slopes.get("temp_per_util", 0.0) * util
+    out[..., 1] = m[..., GI["power_dev"]] - slopes.get("power_per_util", 0.0) * util
+    out[..., 2:] = _med_dev(np.log1p(m[..., _GPU_RATE_COLS]))
+    return out
 
 
 def port_deviations(m: np.ndarray) -> np.ndarray:
-    rates = _med_dev(np.log1p(m[:, _PORT_RATE_COLS]))
-    deficit = 1.0 - m[:, PI["rate_ratio"]] if m.shape[0] >= 3 else np.zeros(m.shape[0])
-    return np.column_stack([rates, deficit])
+    """Port rows -> deviation vectors; (n_ports, features) or (hosts, n_ports, features)."""
+    out = np.empty((*m.shape[:-1], len(PEER_FEATURES["port"])))
+    out[..., :-1] = _med_dev(np.log1p(m[..., _PORT_RATE_COLS]))
+    out[..., -1] = 1.0 - m[..., PI["rate_ratio"]] if m.shape[-2] >= 3 else 0.0
+    return out
 
 
-def host_summary(w: WindowFeatures) -> np.ndarray:
-    """One host's rack-comparison vector: mean GPU temperature, log EDAC CE rate, log port errors."""
-    t = float(w.gpu[:, GI["temp_c"]].mean()) if w.gpu.shape[0] else 0.0
-    pe = float(np.log1p(w.port[:, _PORT_RATE_COLS].sum(axis=1)).max()) if w.port.shape[0] else 0.0
-    return np.array([t, float(np.log1p(w.host_row[HI["edac_ce_rate"]])), pe])
+_KIND_ORDER = {"gpu": 0, "port": 1, "rack": 2}
+
+
+def _groups(mats: list[np.ndarray]) -> dict[int, list[int]]:
+    """Window positions by component count, so each group stacks into one (hosts, n, f) array."""
+    out: dict[int, list[int]] = {}
+    for i, m in enumerate(mats):
+        out.setdefault(m.shape[0], []).append(i)
+    return out
 
 
 @dataclass(slots=True)
@@ -88,27 +104,35 @@ class PeerModel:
     forest: Any = None
     score_thr: float = -np.inf
 
-    def outliers(self, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mask of flagged rows, index of the most deviant feature per row)."""
-        ratio = np.abs(dev) / self.limit
-        over = (ratio > 1.0).any(axis=1)
-        top = ratio.argmax(axis=1)
-        if over.any() and self.forest is not None:
-            scores = self.forest.score_samples(dev[over])
-            over[np.flatnonzero(over)] = scores < self.score_thr
-        return over, top
-
 
 @dataclass(slots=True)
 class _RackView:
     hosts: dict[str, tuple[float, np.ndarray]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Flag:
+    """One component outside its peers' envelope and confirmed by the forest, in window ``at``."""
+
+    at: int
+    kind: str
+    comp: str
+    dev: np.ndarray
+    top: int
+
+
 class PeerDetector:
-    """``feed(sample) -> list[Finding]``: components out of line with their peers, persistently."""
+    """``feed(sample) -> list[Finding]``: components out of line with their peers, persistently.
+
+    Windows are scored in batches, across hosts: one stacked array per component count and kind
+    (numpy over a whole batch costs about what it costs over one window), when ``batch_windows``
+    windows wait, when sample time has moved ``batch_s`` past the oldest, or on :meth:`flush`
+    (the engine calls it at the end of each poll batch). Rack rows compare a host with the median
+    of its rack's fresh hosts as the batch leaves them; a batch of one window is the sequential
+    definition that training uses."""
 
     def __init__(self, models: dict[str, PeerModel], meta: dict[str, Any], stream: FeatureStream | None = None,
-                 persist: int | None = None) -> None:
+                 persist: int | None = None, *, batch_windows: int = 1024, batch_s: float = 10.0) -> None:
         self.models = models
         self.meta = meta
         self.version = str(meta.get("version", "0"))
@@ -116,49 +140,117 @@ class PeerDetector:
         self.slopes: dict[str, float] = dict(meta.get("slopes", {}))
         self.persist = int(persist if persist is not None else meta.get("persist", 3))
         self.stream = stream or FeatureStream(window_s=float(meta.get("window_s", 60.0)))
+        self.batch_windows = batch_windows
+        self.batch_s = batch_s
         self.racks: dict[str, _RackView] = {}
-        self.streak: dict[tuple[str, str], int] = {}
+        self.streak: dict[str, dict[str, int]] = {}  # host -> component key -> windows in a row
+        self.pending: list[WindowFeatures] = []
+        self._oldest = self._now = 0.0
+        self.stats = {"windows": 0, "batches": 0, "envelope": 0, "confirmed": 0}
 
     def reset(self) -> None:
         self.stream.reset()
         self.racks.clear()
         self.streak.clear()
+        self.pending.clear()
+        self._oldest = self._now = 0.0
 
     def feed(self, sample: Sample) -> list[Finding]:
         w = self.stream.feed(sample)
-        return self.score_window(w) if w is not None else []
-
-    def flush(self) -> list[Finding]:
-        """Nothing is buffered: the forest only confirms rare envelope breaches, scored at once."""
+        if sample.ts > self._now:
+            self._now = sample.ts
+        if w is not None:
+            if not self.pending:
+                self._oldest = w.ts
+            self.pending.append(w)
+        if self.pending and (len(self.pending) >= self.batch_windows or self._now - self._oldest >= self.batch_s):
+            return self.flush()
         return []
 
-    def deviations(self, w: WindowFeatures) -> dict[str, tuple[list[str], np.ndarray]]:
-        out = {"gpu": (w.gpu_ids, gpu_deviations(w.gpu, self.slopes)), "port": (w.port_ids, port_deviations(w.port))}
-        if w.rack:
-            view = self.racks.setdefault(f"{w.cluster}/{w.rack}", _RackView())
-            view.hosts[w.host] = (w.ts, host_summary(w))
-            fresh = [v for t, v in view.hosts.values() if w.ts - t <= 600.0]
-            if len(fresh) >= 4:
-                med = np.median(np.vstack(fresh), axis=0)
-                out["rack"] = (["host"], (view.hosts[w.host][1] - med).reshape(1, -1))
-        return out
+    def flush(self) -> list[Finding]:
+        """Score the buffered windows; findings in window order."""
+        batch, self.pending = self.pending, []
+        return self.score_batch(batch) if batch else []
 
     def score_window(self, w: WindowFeatures) -> list[Finding]:
-        found: list[Finding] = []
-        seen: set[tuple[str, str]] = set()
-        for kind, (ids, dev) in self.deviations(w).items():
+        """One window, scored now (training's evaluation feeds windows in order this way)."""
+        return self.score_batch([w])
+
+    def deviations(self, w: WindowFeatures) -> dict[str, tuple[list[str], np.ndarray]]:
+        """One window's deviation vectors per kind (rack: against the rack's fresh hosts, this one
+        included): the definition training learns the envelope from."""
+        out = {"gpu": (w.gpu_ids, np.zeros((0, len(PEER_FEATURES["gpu"])))),
+               "port": (w.port_ids, np.zeros((0, len(PEER_FEATURES["port"]))))}
+        for kind, _, dev in self._deviation_groups([w]):
+            out[kind] = (["host"] if kind == "rack" else w.gpu_ids if kind == "gpu" else w.port_ids, dev[0])
+        return out
+
+    def _deviation_groups(self, ws: list[WindowFeatures]) -> Iterator[tuple[str, list[int], np.ndarray]]:
+        """(kind, window positions, deviations of shape (len(positions), n, features)): one stacked
+        array per kind and component count; rack rows last (they need the GPU and port groups)."""
+        summary = np.zeros((len(ws), 3))  # per window: mean GPU temperature, log EDAC CE rate, log port errors
+        for n, idx in _groups([w.gpu for w in ws]).items():
+            if n:
+                m = np.stack([ws[i].gpu for i in idx])
+                summary[idx, 0] = m[:, :, GI["temp_c"]].mean(axis=1)
+                yield "gpu", idx, gpu_deviations(m, self.slopes)
+        for n, idx in _groups([w.port for w in ws]).items():
+            if n:
+                m = np.stack([ws[i].port for i in idx])
+                summary[idx, 2] = np.log1p(m[:, :, _PORT_RATE_COLS].sum(axis=2)).max(axis=1)
+                yield "port", idx, port_deviations(m)
+        summary[:, 1] = np.log1p([w.host_row[HI["edac_ce_rate"]] for w in ws])
+        touched: dict[str, list[int]] = {}
+        for i, w in enumerate(ws):
+            if w.rack:
+                key = f"{w.cluster}/{w.rack}"
+                self.racks.setdefault(key, _RackView()).hosts[w.host] = (w.ts, summary[i])
+                touched.setdefault(key, []).append(i)
+        for key, idx in touched.items():
+            now = max(ws[i].ts for i in idx)
+            fresh = [v for t, v in self.racks[key].hosts.values() if now - t <= 600.0]
+            if len(fresh) >= 4:
+                yield "rack", idx, (summary[idx] - np.median(np.vstack(fresh), axis=0))[:, None, :]
+
+    def score_batch(self, ws: list[WindowFeatures]) -> list[Finding]:
+        self.stats["windows"] += len(ws)
+        self.stats["batches"] += 1
+        flags: dict[int, list[_Flag]] = {}
+        for kind, idx, dev in self._deviation_groups(ws):
             model = self.models.get(kind)
-            if model is None or dev.shape[0] == 0:
+            if model is None:
                 continue
-            over, top = model.outliers(dev)
-            for i in np.flatnonzero(over):
-                key = (w.host, f"{kind}:{ids[i]}")
-                seen.add(key)
-                n = self.streak[key] = self.streak.get(key, 0) + 1
+            ratio = np.abs(dev) / model.limit
+            over = (ratio > 1.0).any(axis=2)
+            if not over.any():
+                continue
+            self.stats["envelope"] += int(over.sum())
+            bi, ri = np.nonzero(over)
+            if model.forest is not None:
+                keep = model.forest.score_samples(dev[bi, ri]) < model.score_thr
+                bi, ri = bi[keep], ri[keep]
+            self.stats["confirmed"] += len(bi)
+            tops = ratio[bi, ri].argmax(axis=1)
+            for b, r, top in zip(bi.tolist(), ri.tolist(), tops.tolist(), strict=True):
+                i = idx[b]
+                w = ws[i]
+                comp = w.gpu_ids[r] if kind == "gpu" else w.port_ids[r] if kind == "port" else "host"
+                flags.setdefault(i, []).append(_Flag(i, kind, comp, dev[b, r], top))
+        found: list[Finding] = []
+        for i, w in enumerate(ws):  # streaks advance window by window, in order
+            fl = flags.get(i)
+            prev = self.streak.get(w.host)
+            if not fl:
+                if prev is not None:
+                    del self.streak[w.host]
+                continue
+            now: dict[str, int] = {}
+            for f in sorted(fl, key=lambda f: _KIND_ORDER[f.kind]):
+                key = f"{f.kind}:{f.comp}"
+                n = now[key] = (prev.get(key, 0) if prev else 0) + 1
                 if n >= self.persist:
-                    found.append(self._finding(w, kind, ids[i], dev[i], model, int(top[i]), n))
-        for key in [k for k in self.streak if k[0] == w.host and k not in seen]:
-            del self.streak[key]
+                    found.append(self._finding(w, f.kind, f.comp, f.dev, self.models[f.kind], f.top, n))
+            self.streak[w.host] = now
         return found
 
     def _finding(self, w: WindowFeatures, kind: str, comp: str, dev: np.ndarray, model: PeerModel, j: int,

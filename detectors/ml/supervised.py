@@ -6,13 +6,15 @@ model was trained on); training uses the same gate, so what the model learned an
 asked match.
 
 Batching: a boosted multiclass model costs ~10 ms per ``predict_proba`` call whatever the row
-count (one Cython call per tree), so gated rows are buffered — across hosts — and scored in one
-call per kind when the buffer holds ``batch_rows`` rows, when sample time has moved ``batch_s``
-past the oldest buffered row, or on :meth:`SupervisedDetector.flush` (the engine calls it at the
-end of each poll batch). A finding carries its window's sample time, never the flush's.
+count (one Cython call per tree), and numpy's gate costs microseconds per call whatever the row
+count, so windows are buffered — across hosts — and gated and scored in one call per kind when
+the buffer holds ``batch_windows`` windows, when sample time has moved ``batch_s`` past the oldest
+buffered window, or on :meth:`SupervisedDetector.flush` (the engine calls it at the end of each
+poll batch). A finding carries its window's sample time, never the flush's.
 
 Precision first: a finding needs the top class's probability >= ``threshold`` (from the sidecar,
-0.9 by default); it recommends the failure mode's default actions (drain included) only at
+0.9 by default), and a *state* mode (:data:`STATE_MODES`: link down, thermal, a storm ...) needs it
+in ``persist`` consecutive windows of its component (2 by default); it recommends the failure mode's default actions (drain included) only at
 ``drain_threshold`` and above, and a ticket otherwise.
 """
 
@@ -68,22 +70,23 @@ def single_threaded() -> None:
     threadpool_limits(limits=1, user_api="openmp")
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A gated row waiting for its batch: where it came from, and the row itself."""
-
-    w: WindowFeatures
-    kind: str
-    comp: str
-    row: np.ndarray
+# Modes that name a lasting condition rather than an event: one window of them is also what a
+# transient looks like (a link bounce during a switch reboot shows one window of "port down"), so a
+# finding needs the same mode on the same component in ``persist`` consecutive windows of the host.
+# Events (a UCE, a fatal AER, an Xid burst) leave one window and are found at once.
+STATE_MODES = frozenset({"net_link_down", "net_link_bad_cable", "gpu_thermal", "pcie_link_degraded",
+                         "gpu_ecc_sbe_storm", "host_dram_ce_storm", "gpu_nvlink_error"})
 
 
 class SupervisedDetector:
     """``feed(sample) -> list[Finding]`` from the trained per-kind classifiers, scored in batches;
-    ``flush() -> list[Finding]`` scores what is buffered (call it at the end of a poll batch)."""
+    ``flush() -> list[Finding]`` scores what is buffered (call it at the end of a poll batch).
+
+    Windows are buffered whole and gated a batch at a time (one mask per kind over the stacked
+    rows of every window in the batch), so the healthy path costs a list append per window."""
 
     def __init__(self, estimators: dict[str, Any], meta: dict[str, Any], stream: FeatureStream | None = None, *,
-                 batch_rows: int = 256, batch_s: float = 10.0) -> None:
+                 batch_windows: int = 1024, batch_s: float = 10.0, persist: int | None = None) -> None:
         single_threaded()
         self.models = estimators
         self.meta = meta
@@ -91,18 +94,21 @@ class SupervisedDetector:
         self.name = f"model:{meta.get('name', 'fault_classifier')}@{self.version}"
         self.threshold = float(meta.get("threshold", 0.9))
         self.drain_threshold = float(meta.get("drain_threshold", 0.97))
+        self.persist = int(persist if persist is not None else meta.get("persist_state_modes", 2))
         self.gate = Gate(meta.get("gate"))
         self.stream = stream or FeatureStream(window_s=float(meta.get("window_s", 60.0)))
-        self.batch_rows = batch_rows
+        self.batch_windows = batch_windows
         self.batch_s = batch_s
         self._top = {k: _Top(FEATURES[k]) for k in KINDS}
-        self.pending: list[_Pending] = []
+        self.pending: list[WindowFeatures] = []
+        self.streak: dict[str, dict[tuple[str, str], int]] = {}  # host -> (component, mode) -> windows
         self._oldest = self._now = 0.0
-        self.stats = {"windows": 0, "rows": 0, "gated": 0, "batches": 0}
+        self.stats = {"windows": 0, "rows": 0, "gated": 0, "batches": 0, "held_for_persistence": 0}
 
     def reset(self) -> None:
         self.stream.reset()
         self.pending.clear()
+        self.streak.clear()
         self._oldest = self._now = 0.0
         self.stats = dict.fromkeys(self.stats, 0)
 
@@ -111,45 +117,73 @@ class SupervisedDetector:
         if sample.ts > self._now:
             self._now = sample.ts
         if w is not None:
-            self._buffer(w)
-        if self.pending and (len(self.pending) >= self.batch_rows or self._now - self._oldest >= self.batch_s):
+            if not self.pending:
+                self._oldest = w.ts
+            self.pending.append(w)
+        if self.pending and (len(self.pending) >= self.batch_windows or self._now - self._oldest >= self.batch_s):
             return self.flush()
         return []
 
-    def _buffer(self, w: WindowFeatures) -> None:
-        st = self.stats
-        st["windows"] += 1
-        for kind, (ids, m) in window_rows(w).items():
-            st["rows"] += m.shape[0]
-            if kind not in self.models:
-                continue
-            g = self.gate.mask(kind, m)
-            for i in np.flatnonzero(g):
-                if not self.pending:
-                    self._oldest = w.ts
-                self.pending.append(_Pending(w, kind, ids[i], m[i]))
-                st["gated"] += 1
-
     def flush(self) -> list[Finding]:
-        """Score every buffered row (one ``predict_proba`` per kind); findings in buffer order."""
-        if not self.pending:
-            return []
+        """Score every buffered window (one gate mask and one ``predict_proba`` per kind); findings
+        in window order."""
         batch, self.pending = self.pending, []
-        self.stats["batches"] += 1
-        scored: list[tuple[int, int, float]] = []  # (buffer position, class index, probability)
+        return self.score_batch(batch) if batch else []
+
+    def score_window(self, w: WindowFeatures) -> list[Finding]:
+        """One window, scored now (training's evaluation feeds windows in order this way)."""
+        return self.score_batch([w])
+
+    def score_batch(self, ws: list[WindowFeatures]) -> list[Finding]:
+        st = self.stats
+        st["windows"] += len(ws)
+        st["batches"] += 1
+        hits: dict[int, list[tuple[str, int, str, float]]] = {}  # window -> (kind, row, mode, p)
         for kind in KINDS:
-            pos = [j for j, r in enumerate(batch) if r.kind == kind]
-            if not pos:
+            model = self.models.get(kind)
+            mats = [w.gpu for w in ws] if kind == "gpu" else [w.port for w in ws] if kind == "port" \
+                else [w.host_row.reshape(1, -1) for w in ws]
+            sizes = [m.shape[0] for m in mats]
+            n = sum(sizes)
+            st["rows"] += n
+            if model is None or n == 0:
                 continue
-            p = self.models[kind].predict_proba(np.vstack([batch[j].row for j in pos]))
-            scored.extend(zip(pos, p.argmax(axis=1).tolist(), p.max(axis=1).tolist(), strict=True))
-        scored.sort()
+            m = np.concatenate(mats) if len(mats) > 1 else mats[0]
+            g = np.flatnonzero(self.gate.mask(kind, m))
+            if g.size == 0:
+                continue
+            st["gated"] += int(g.size)
+            p = model.predict_proba(m[g])
+            owner = np.repeat(np.arange(len(ws)), sizes)[g]
+            start = np.cumsum([0, *sizes[:-1]])
+            classes = model.classes_
+            for r, i, c, prob in zip(g.tolist(), owner.tolist(), p.argmax(axis=1).tolist(), p.max(axis=1).tolist(),
+                                     strict=True):
+                mode = str(classes[c])
+                if mode != FailureMode.HEALTHY and prob >= self.threshold:
+                    hits.setdefault(i, []).append((kind, r - int(start[i]), mode, prob))
         out: list[Finding] = []
-        for j, c, prob in scored:
-            r = batch[j]
-            f = self._decide(r.w, r.kind, r.comp, r.row, c, prob)
-            if f is not None:
-                out.append(f)
+        for i, w in enumerate(ws):  # in window order: state modes must persist across a host's windows
+            h = hits.get(i)
+            prev = self.streak.get(w.host)
+            if h is None:
+                if prev is not None:
+                    del self.streak[w.host]
+                continue
+            now: dict[tuple[str, str], int] = {}
+            for kind, row, mode, prob in h:
+                ids, m = window_rows(w)[kind]
+                comp = ids[row]
+                if mode in STATE_MODES:
+                    k = now[(f"{kind}:{comp}", mode)] = (prev.get((f"{kind}:{comp}", mode), 0) if prev else 0) + 1
+                    if k < self.persist:
+                        st["held_for_persistence"] += 1
+                        continue
+                out.append(self._decide(w, kind, comp, m[row], mode, prob))
+            if now:
+                self.streak[w.host] = now
+            elif prev is not None:
+                del self.streak[w.host]
         return out
 
     def predict_rows(self, kind: str, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -165,21 +199,7 @@ class SupervisedDetector:
             probs[g] = p.max(axis=1)
         return labels, probs
 
-    def score_window(self, w: WindowFeatures) -> list[Finding]:
-        """One window, scored now (unbatched): for evaluation and tests."""
-        out: list[Finding] = []
-        for kind, (ids, m) in window_rows(w).items():
-            labels, probs = self.predict_rows(kind, m)
-            for i in np.flatnonzero(labels >= 0):
-                f = self._decide(w, kind, ids[i], m[i], int(labels[i]), float(probs[i]))
-                if f is not None:
-                    out.append(f)
-        return out
-
-    def _decide(self, w: WindowFeatures, kind: str, comp: str, row: np.ndarray, c: int, p: float) -> Finding | None:
-        mode = str(self.models[kind].classes_[c])
-        if mode == FailureMode.HEALTHY or p < self.threshold:
-            return None
+    def _decide(self, w: WindowFeatures, kind: str, comp: str, row: np.ndarray, mode: str, p: float) -> Finding:
         comp = comp if kind != "host" or mode.startswith("host_dram") else "host"
         if kind == "gpu" and mode.startswith("pcie_"):
             comp = _pci_of(w, comp)  # PCIe modes name the device's PCI address, as the rules do

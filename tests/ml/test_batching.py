@@ -32,7 +32,7 @@ def test_batched_findings_equal_window_by_window_scoring(model_dir: Path) -> Non
     stream = FeatureStream()
     want = [f for s in samples if (w := stream.feed(s)) is not None for f in now.score_window(w)]
     det = load_supervised(model_dir)
-    det.batch_rows, det.batch_s = 64, 1e9  # flush on size only
+    det.batch_windows, det.batch_s = 16, 1e9  # flush on size only
     got = [f for s in samples for f in det.feed(s)] + det.flush()
     assert want and sorted(map(_key, got)) == sorted(map(_key, want))
     assert det.stats["batches"] < det.stats["windows"] / 4  # far fewer predict calls than windows
@@ -41,7 +41,7 @@ def test_batched_findings_equal_window_by_window_scoring(model_dir: Path) -> Non
 
 def test_time_bound_flush_keeps_the_sample_time(model_dir: Path) -> None:
     det = load_supervised(model_dir)
-    det.batch_rows, det.batch_s = 10**9, 10.0
+    det.batch_windows, det.batch_s = 10**9, 10.0
     late = []
     for s in _faulty():
         for f in det.feed(s):
@@ -52,7 +52,7 @@ def test_time_bound_flush_keeps_the_sample_time(model_dir: Path) -> None:
 
 def test_engine_flush_turns_held_rows_into_incidents(model_dir: Path) -> None:
     det = load_supervised(model_dir)
-    det.batch_rows, det.batch_s = 10**9, 1e12  # nothing leaves before flush
+    det.batch_windows, det.batch_s = 10**9, 1e12  # nothing leaves before flush
     eng = DetectorEngine(extra_detectors=[det])
     samples = _faulty()
     fed = [i for s in samples for i in eng.feed(s) if i.detector.startswith("model:")]

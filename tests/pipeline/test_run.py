@@ -89,7 +89,11 @@ def test_with_models_a_drain_always_has_a_rule_behind_it() -> None:
     spoke: dict[str, set[str]] = {}
     for i in res.incidents:
         spoke.setdefault(i.id, set()).add("model" if i.detector.startswith("model:") else "rule")
-    assert any("model" in v for v in spoke.values()), "the shipped models raised nothing at 3000x faults"
+    # the models score windows in batches, so on faults the rules also see they join the rules'
+    # episodes (their evidence is added) rather than open their own
+    from_models = [i for i in res.incidents
+                   if any(e.fact.startswith(("classifier p(", "peer-comparison anomaly")) for e in i.evidence)]
+    assert from_models, "the shipped models raised nothing at 3000x faults"
     drained = {a.incident_id for a in res.actions if a.kind in ("drain", "reset_gpu", "reboot_request")}
     assert drained
     assert all("rule" in spoke[i] for i in drained), "a drain answered an episode no rule ever raised"

@@ -1,0 +1,138 @@
+"""The ML hot path's shortcuts change nothing: reused feature parts, batched peer scoring, and the
+persistence a state mode needs before the classifier names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from collectors.fleetsim.engine import simulate
+from collectors.fleetsim.plan import RunSpec
+from detectors.fastdecode import IncrementalDecoder
+from detectors.ml import MODEL_DIR, load_peer, load_supervised
+from detectors.ml.features import FeatureStream, WindowFeatures
+from detectors.ml.supervised import STATE_MODES
+from fleethealth.bus import iter_jsonl
+from fleethealth.schema import GpuSample, NetPort, Sample, decode_sample
+from tests.ml.synth import fleet
+
+T0 = 1_767_225_600.0
+
+
+@pytest.fixture(scope="module")
+def faulty_fleet(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """A simulated 12-host hour, fault-dense: every counter kind moves somewhere."""
+    out = tmp_path_factory.mktemp("fleet") / "f.jsonl"
+    simulate(RunSpec(hosts=12, duration_s=3600.0, interval_s=10.0, seed=5, fault_rate=3000.0, min_per_mode=1), out)
+    return [raw for _, raw in iter_jsonl(out)]
+
+
+def _windows(stream: FeatureStream, samples: list[Sample]) -> list[WindowFeatures]:
+    return [w for s in samples if (w := stream.feed(s)) is not None]
+
+
+def _same(a: WindowFeatures, b: WindowFeatures) -> bool:
+    return (a.host, a.ts, a.gpu_ids, a.port_ids, a.dimm, a.gpu_pci) == (b.host, b.ts, b.gpu_ids, b.port_ids, b.dimm,
+                                                                      b.gpu_pci) \
+        and all(np.array_equal(x, y, equal_nan=True) for x, y in ((a.gpu, b.gpu), (a.port, b.port),
+                                                                 (a.host_row, b.host_row)))
+
+
+def test_reused_parts_give_the_recomputed_features(faulty_fleet: list[bytes]) -> None:
+    """Unchanged GPUs / ports / AER / EDAC take cached quiet rows: with the incremental decoder's
+    shared objects (identity) and with strictly decoded ones (equality), the windows are exactly
+    those recomputed from scratch at every close."""
+    strict = [decode_sample(b) for b in faulty_fleet]
+    dec = IncrementalDecoder()
+    shared = [dec.decode(b) for b in faulty_fleet]
+    ref = _windows(FeatureStream(reuse=False), strict)
+    moved = sum(1 for w in ref if w.gpu[:, :23].any() or w.port[:, :8].any() or w.host_row.any())
+    assert len(ref) > 500 and moved > 50  # counters really move in this fleet
+    for samples in (shared, strict):
+        got = _windows(FeatureStream(), samples)
+        assert len(got) == len(ref)
+        bad = [(w.host, w.ts) for w, r in zip(got, ref, strict=True) if not _same(w, r)]
+        assert bad == []
+
+
+def test_quiet_rows_are_shared_read_only(faulty_fleet: list[bytes]) -> None:
+    dec = IncrementalDecoder()
+    ws = _windows(FeatureStream(), [dec.decode(b) for b in faulty_fleet])
+    shared = [w.port for w in ws if not w.port.flags.writeable]
+    assert shared  # quiet port matrices are reused between windows ...
+    with pytest.raises(ValueError):
+        shared[0][0, 0] = 1.0  # ... and nothing may write into them
+
+
+def _key(f) -> tuple:  # type: ignore[no-untyped-def]
+    return (f.host, f.component, f.failure_mode, f.ts, f.confidence, [e.fact for e in f.evidence])
+
+
+def test_peer_batches_score_like_one_window_at_a_time(model_dir: Path) -> None:
+    """GPU and port rows: identical findings whatever the batch; rack rows compare with the rack
+    as the batch leaves it (documented), so they are compared apart."""
+    samples, _ = fleet(43, hosts=16, duration_s=5400.0, faults=12,
+                       modes=("gpu_thermal", "gpu_ecc_sbe_storm", "net_link_bad_cable", "gpu_nvlink_error"))
+    ws = _windows(FeatureStream(), samples)
+    one, many = load_peer(model_dir), load_peer(model_dir)
+    want = [f for w in ws for f in one.score_window(w)]
+    got = [f for i in range(0, len(ws), 97) for f in many.score_batch(ws[i:i + 97])]
+    comp = [f for f in want if f.component != "host"]
+    assert comp, "the synthetic faults should put components out of line with their peers"
+    assert sorted(map(_key, comp)) == sorted(_key(f) for f in got if f.component != "host")
+    assert many.stats["batches"] * 20 < one.stats["batches"]
+
+
+def _host(i: int, *, down: bool = False, downs: int = 0, interval: float = 60.0) -> Sample:
+    gpus = [GpuSample(index=k, uuid=f"GPU-{k}", temperature_c=55.0 + k * 0.2, power_w=400.0, utilization_pct=90.0)
+            for k in range(8)]
+    ports = [NetPort(device=f"mlx5_{p}", port=1, state="DOWN" if (down and p == 3) else "ACTIVE",
+                     phys_state="Polling" if (down and p == 3) else "LinkUp", rate_gbps=400.0,
+                     counters={"symbol_error": 0, "link_downed": downs if p == 3 else 0}) for p in range(8)]
+    return Sample(host="h-flap", ts=T0 + interval * i, seq=i, collector_version="t", boot_id="b", gpus=gpus,
+                  net_ports=ports, expected_gpus=8)
+
+
+def _classify(samples: list[Sample]) -> list:
+    det = load_supervised(MODEL_DIR)
+    out = [f for s in samples for f in det.feed(s)]
+    return out + det.flush()
+
+
+@pytest.mark.skipif(not (MODEL_DIR / "fault_classifier.json").exists(), reason="no shipped classifier")
+def test_one_window_of_a_state_mode_is_not_a_finding() -> None:
+    """A switch reboot bounces a link for one poll (one window, one link_downed): the shipped
+    classifier's top class for that row is net_link_down, but a state mode must persist."""
+    assert "net_link_down" in STATE_MODES
+    flap = [_host(i, down=i == 5, downs=int(i >= 5)) for i in range(12)]
+    assert _classify(flap) == []
+    stuck = [_host(i, down=i >= 5, downs=int(i >= 5)) for i in range(12)]
+    found = [f for f in _classify(stuck) if f.failure_mode == "net_link_down"]
+    assert found and found[0].component == "mlx5_3/1"
+    assert found[0].ts == T0 + 60.0 * 6  # the second window of the outage, not the first
+
+
+@pytest.mark.skipif(not (MODEL_DIR / "fault_classifier.json").exists(), reason="no shipped classifier")
+def test_an_event_mode_is_named_in_its_one_window() -> None:
+    """A DRAM UCE leaves one window: it must not wait for a second."""
+    from fleethealth.schema import EccCounters, RemappedRows, XidEvent
+
+    samples = []
+    for i in range(10):
+        s = _host(i)
+        for g in s.gpus:
+            g.ecc = EccCounters(dram_uncorrected_volatile=0, dram_uncorrected_aggregate=0)
+            g.remapped_rows = RemappedRows(uncorrectable=0)
+        if i >= 5:
+            g = s.gpus[2]
+            g.ecc = EccCounters(dram_uncorrected_volatile=1, dram_uncorrected_aggregate=1)
+            g.remapped_rows = RemappedRows(uncorrectable=1, pending=True)
+            if i == 5:
+                g.xids = [XidEvent(xid=48, ts=s.ts - 5.0, message="Xid 48: DBE"),
+                          XidEvent(xid=63, ts=s.ts - 4.0, message="Xid 63: row remapping")]
+        samples.append(msgspec.structs.replace(s))
+    found = [f for f in _classify(samples) if f.failure_mode == "gpu_dram_uce"]
+    assert found and found[0].component == "GPU-2" and found[0].ts == T0 + 60.0 * 5
