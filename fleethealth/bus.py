@@ -76,6 +76,8 @@ def partition_for(key: str | None, partitions: int) -> int:
 @dataclass
 class _Topic:
     partitions: list[list[Record]]
+    base: list[int]  # per partition: the offset of partitions[p][0] (records before it were dropped)
+    groups: set[str] = field(default_factory=set)  # groups that ever subscribed to the topic
 
 
 @dataclass
@@ -85,10 +87,20 @@ class _Group:
 
 class InProcessBus:
     """Topics in memory. Thread-safe. Consumers of one group share the group's committed offsets;
-    an uncommitted poll is seen again by the next consumer of the group (as on Kafka)."""
+    an uncommitted poll is seen again by the next consumer of the group (as on Kafka).
 
-    def __init__(self, partitions: int = DEFAULT_PARTITIONS) -> None:
+    Retention: by default every record is kept (tests and reports read topics back). With
+    ``retain_consumed=True`` — what the long-running embedded pipeline uses — a record is dropped
+    once every group that has subscribed to its topic has committed past it, so memory follows the
+    consumers' lag, not the run's length (Kafka retains by time; an embedded bus cannot afford to).
+    A group that subscribes later starts at the oldest record still held, as a Kafka consumer with
+    ``auto.offset.reset=earliest`` does after retention ran. Offsets stay absolute."""
+
+    TRIM_MIN = 4096  # drop in chunks: list deletion moves the tail
+
+    def __init__(self, partitions: int = DEFAULT_PARTITIONS, *, retain_consumed: bool = False) -> None:
         self._partitions = partitions
+        self.retain_consumed = retain_consumed
         self._topics: dict[str, _Topic] = {}
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
@@ -97,7 +109,7 @@ class InProcessBus:
     def _topic(self, name: str) -> _Topic:
         t = self._topics.get(name)
         if t is None:
-            t = self._topics[name] = _Topic([[] for _ in range(self._partitions)])
+            t = self._topics[name] = _Topic([[] for _ in range(self._partitions)], [0] * self._partitions)
         return t
 
     def publish(self, topic: str, key: str | None, value: bytes) -> None:
@@ -105,8 +117,25 @@ class InProcessBus:
             t = self._topic(topic)
             p = partition_for(key, self._partitions)
             part = t.partitions[p]
-            part.append(Record(topic, p, len(part), key, value))
+            part.append(Record(topic, p, t.base[p] + len(part), key, value))
             self._cv.notify_all()
+
+    def _trim(self, tps: Iterable[tuple[str, int]]) -> None:
+        """Drop what every subscribed group has committed past (lock held)."""
+        for name, p in tps:
+            t = self._topics.get(name)
+            if t is None or not t.groups:
+                continue
+            done = min(self._groups[g].committed.get((name, p), 0) for g in t.groups)
+            k = done - t.base[p]
+            if k >= self.TRIM_MIN or (k > 0 and k == len(t.partitions[p])):
+                del t.partitions[p][:k]
+                t.base[p] += k
+
+    def held(self) -> int:
+        """Records held in memory, all topics."""
+        with self._lock:
+            return sum(len(part) for t in self._topics.values() for part in t.partitions)
 
     def flush(self, timeout: float | None = None) -> None:
         return None
@@ -115,7 +144,7 @@ class InProcessBus:
         """Everything on a topic, partition by partition (for tests and reports)."""
         with self._lock:
             t = self._topics.get(topic)
-            return [r for part in t.partitions for r in part] if t else []
+            return [r for part in t.partitions for r in part] if t else []  # what is still held
 
     def lag(self, group: str, topic: str) -> int:
         """Messages on ``topic`` not yet committed by ``group`` (consumer lag, as Kafka reports it)."""
@@ -125,11 +154,14 @@ class InProcessBus:
                 return 0
             g = self._groups.get(group)
             committed = g.committed if g else {}
-            return sum(len(part) - committed.get((topic, p), 0) for p, part in enumerate(t.partitions))
+            return sum(t.base[p] + len(part) - max(committed.get((topic, p), 0), t.base[p])
+                       for p, part in enumerate(t.partitions))
 
     def consumer(self, topics: Sequence[str], group: str) -> InProcessConsumer:
         with self._lock:
             g = self._groups.setdefault(group, _Group())
+            for name in topics:
+                self._topic(name).groups.add(group)
         return InProcessConsumer(self, list(topics), g)
 
     def close(self) -> None:
@@ -144,10 +176,11 @@ class InProcessConsumer:
         self._position: dict[tuple[str, int], int] = {}
         self._closed = False
 
-    def _pos(self, tp: tuple[str, int]) -> int:
-        if tp not in self._position:
-            self._position[tp] = self._group.committed.get(tp, 0)
-        return self._position[tp]
+    def _pos(self, tp: tuple[str, int], base: int) -> int:
+        pos = self._position.get(tp)
+        if pos is None or pos < base:  # new, or what it would read next was dropped
+            pos = self._position[tp] = max(self._group.committed.get(tp, 0), base)
+        return pos
 
     def _take(self, max_records: int) -> list[Record]:
         out: list[Record] = []
@@ -157,11 +190,12 @@ class InProcessConsumer:
                 continue
             for p, part in enumerate(t.partitions):
                 tp = (name, p)
-                pos = self._pos(tp)
-                if pos < len(part):
-                    chunk = part[pos : pos + max_records - len(out)]
+                base = t.base[p]
+                i = self._pos(tp, base) - base
+                if i < len(part):
+                    chunk = part[i : i + max_records - len(out)]
                     out.extend(chunk)
-                    self._position[tp] = pos + len(chunk)
+                    self._position[tp] = base + i + len(chunk)
                 if len(out) >= max_records:
                     return out
         return out
@@ -179,6 +213,8 @@ class InProcessConsumer:
     def commit(self) -> None:
         with self._bus._lock:
             self._group.committed.update(self._position)
+            if self._bus.retain_consumed:
+                self._bus._trim(self._position)
 
     def close(self) -> None:
         self._closed = True

@@ -82,7 +82,7 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
 
     if bool(opts.replay) == bool(opts.simulate):
         raise UserError("give exactly one of --replay PATH or --simulate")
-    inproc = InProcessBus()
+    inproc = InProcessBus(retain_consumed=True)  # a long run holds only what a consumer still owes
     bus = CountingBus(inproc)
     state = FleetState()
     source = run_parts.open_source(opts)

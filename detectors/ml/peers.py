@@ -20,8 +20,8 @@ drain — and carries confidence <= 0.9: see docs/detectors.md, "ML".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np

@@ -75,6 +75,41 @@ def test_groups_are_independent():
     assert _drain(bus.consumer([TELEMETRY], "a")) == []
 
 
+def test_retain_consumed_drops_what_every_group_committed_and_loses_nothing(monkeypatch):
+    monkeypatch.setattr(InProcessBus, "TRIM_MIN", 8)
+    bus = InProcessBus(partitions=2, retain_consumed=True)
+    slow, fast = bus.consumer([TELEMETRY], "slow"), bus.consumer([TELEMETRY], "fast")
+    _publish(bus, hosts=4, per_host=50)  # 200 records
+    got_fast = _drain(fast)
+    assert len(got_fast) == 200 and bus.held() == 200  # "slow" has committed nothing: all held
+    assert bus.lag("slow", TELEMETRY) == 200 and bus.lag("fast", TELEMETRY) == 0
+    first = slow.poll(timeout=0, max_records=120)
+    slow.commit()
+    assert 0 < bus.held() <= 200 - 120 + 2 * 8  # dropped up to what both committed (chunked)
+    _publish(bus, hosts=4, per_host=10)  # offsets keep counting after a trim
+    rest = _drain(slow)
+    assert len(first) + len(rest) == 240
+    offsets = {(r.partition, r.offset) for r in first + rest}
+    assert len(offsets) == 240  # every record once, offsets absolute and unique
+    assert len(_drain(fast)) == 40
+    assert bus.held() == 0 and bus.lag("slow", TELEMETRY) == 0
+
+
+def test_retain_consumed_redelivers_uncommitted_records_and_a_late_group_starts_at_the_oldest_held():
+    bus = InProcessBus(partitions=1, retain_consumed=True)
+    c = bus.consumer([TELEMETRY], "g")
+    _publish(bus, hosts=1, per_host=10)
+    c.poll(timeout=0, max_records=4)
+    c.commit()  # 4 done, dropped (nothing else subscribed)
+    c.poll(timeout=0, max_records=3)  # read, never committed: the worker dies
+    again = _drain(bus.consumer([TELEMETRY], "g"))
+    assert [r.offset for r in again] == list(range(4, 10))
+    late = _drain(bus.consumer([TELEMETRY], "late"))
+    assert late == []  # g committed everything and was the only subscriber: nothing held
+    _publish(bus, hosts=1, per_host=2)
+    assert [r.offset for r in _drain(bus.consumer([TELEMETRY], "late"))] == [10, 11]
+
+
 def test_poll_wakes_up_on_publish():
     bus = InProcessBus()
     c = bus.consumer([TELEMETRY], "g")
