@@ -61,8 +61,9 @@ def timeline(card: dict[str, Any], truth: list[TruthFault], res: RunResult) -> s
     ax.set_xlabel("hours since the start of the recording")
     ax.set_title("faults (bars) vs detections (| matched, red x false positive)")
     used = sorted({f.mode for f in truth})
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=col[m], alpha=0.5) for m in used], labels=used,
-              fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if used:  # a fleet with no fault (a driver roll-out) has only detections to show, if any
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=col[m], alpha=0.5) for m in used], labels=used,
+                  fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
 
 

@@ -41,7 +41,7 @@ def parse_duration(text: str | float) -> float:
 class Source:
     describe: str
     total: int | None
-    truth: list[dict[str, Any]] = field(default_factory=list)
+    truth: list[dict[str, Any]] | None = None  # None: the input has no ground truth; []: a fleet with no fault
     path: Path | None = None
     skipped: int = 0
     _gen: Callable[[], Iterator[Sample]] | None = None
@@ -57,12 +57,13 @@ def open_source(opts: Any) -> Source:
     return _sim_source(opts)
 
 
-def _truth_beside(path: Path) -> list[dict[str, Any]]:
+def _truth_beside(path: Path) -> list[dict[str, Any]] | None:
+    """The recording's ground truth; None when it has none (an empty file: a fleet with no fault)."""
     from collectors.fleetsim.engine import truth_path
 
     tp = truth_path(path)
     if not tp.exists():
-        return []
+        return None
     return [json.loads(line) for line in tp.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
@@ -293,7 +294,7 @@ def serve_cached(collectors: Iterable[Any], port: int, addr: str = "127.0.0.1", 
 
 def score(source: Source, incidents: list[Incident], host_ts: dict[str, list[float]]) -> tuple[dict[str, Any] | None, str]:
     """The scorecard, from the detector part's scoring code, when the input has ground truth."""
-    if not source.truth:
+    if source.truth is None:
         return None, "no ground truth beside the input: no scorecard"
     from fleethealth.run_scoring import scorecard
 
@@ -302,7 +303,7 @@ def score(source: Source, incidents: list[Incident], host_ts: dict[str, list[flo
 
 def score_plots(source: Source, incidents: list[Incident], host_ts: dict[str, list[float]]) -> list[tuple[str, str]]:
     """The scorecard's plots for the HTML report (none without ground truth)."""
-    if not source.truth:
+    if source.truth is None:
         return []
     from fleethealth.run_scoring import plots
 

@@ -106,3 +106,13 @@ def test_scored_report_carries_the_scorecard_plots(tmp_path: Path) -> None:
     for title in ("Faults vs detections per host", "Confusion matrix", "Precision and recall"):
         assert f"<h3>{title}</h3>" in html
     assert html.count("data:image/png;base64,") == 4  # the three above and the incident timeline
+
+
+def test_a_fleet_with_no_fault_is_scored_and_reported(tmp_path: Path) -> None:
+    """No fault is ground truth too (the driver roll-out set): the scorecard counts every host as
+    healthy, and the report draws a timeline with nothing to label (it used to fail on the legend)."""
+    res = run(RunOptions(simulate=True, hosts=6, duration="20m", interval=10.0, fault_rate=0.0, seed=5, quiet=True,
+                         score=True, report=tmp_path / "rep"))
+    card = res.summary.scorecard
+    assert card is not None and card["faults"] == 0 and card["healthy_hosts"] == 6
+    assert (tmp_path / "rep" / "index.html").stat().st_size > 1000
