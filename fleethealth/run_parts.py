@@ -119,6 +119,7 @@ def _sim_source(opts: Any) -> Source:
         while (item := q.get()) is not None:
             yield decode_sample(item)
         t.join()
+        src.truth = sim.truth_records()  # complete now: a fault after a GPU swap names the new board
         if err:
             raise err[0]
 

@@ -276,7 +276,18 @@ class Simulation:
         return res
 
     # ------------------------------------------------------------------ ground truth
+    def _component(self, f: Fault) -> str:
+        if KIND[f.mode] != "gpu":
+            return f.component
+        comp = f.component
+        for host, gpu, tick, uuid in self.ctx.swaps:  # in run order: the last swap before the onset wins
+            if host == f.host and gpu == (f.gpu or 0) and tick <= f.onset_tick:
+                comp = uuid
+        return comp
+
     def truth_records(self) -> list[dict]:
+        """Ground truth, one record per fault. Complete once the run is over: a GPU fault after a
+        board swap on its slot names the new board's UUID, known only when the swap ran."""
         spec = self.spec
         end_ts = spec.start_ts + spec.ticks * spec.interval_s
         out = []
@@ -288,7 +299,7 @@ class Simulation:
                 notes.append("still active when the recording ends")
             out.append({
                 "id": f.id, "host": sp.name, "cluster": sp.cluster, "rack": sp.rack,
-                "component": f.component, "component_kind": KIND[f.mode], "failure_mode": f.mode,
+                "component": self._component(f), "component_kind": KIND[f.mode], "failure_mode": f.mode,
                 "onset": spec.start_ts + f.onset_tick * spec.interval_s, "end": min(end, end_ts),
                 "secondary": f.secondary, "notes": "; ".join(notes),
             })

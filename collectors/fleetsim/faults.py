@@ -42,6 +42,9 @@ class Ctx:
     start_ts: float
     interval: float
     rng: np.random.Generator  # effect randomness, drawn in schedule order at run time
+    # GPU swaps done at run time: (host, gpu slot, tick, the new board's UUID). A later fault on that
+    # slot is on the new board: the ground truth names it (Simulation.truth_records).
+    swaps: list[tuple[int, int, int, str]] = field(default_factory=list)
 
     def ticks(self, seconds: float) -> int:
         return max(1, int(round(seconds / self.interval)))
@@ -88,6 +91,7 @@ def reboot_after_quiet(c: Ctx, f: Fault, at: int, quiet_s: float, *, new_gpu: in
         if new_gpu is not None:  # the part was swapped: a new board, new UUID, clean counters
             g = hs.gpus[new_gpu]
             g.uuid = make_uuid(c.rng)
+            c.swaps.append((f.host, new_gpu, back, g.uuid))
             g.ecc = [0] * 8
             g.remap = [0, 0, False, False]
             g.sram_thr = False
