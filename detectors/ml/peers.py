@@ -262,6 +262,9 @@ class PeerDetector:
         ev = [Evidence(fact=f"{feat} = {dev[j]:+.3g} vs the median of {peers} (healthy limit ±{model.limit[j]:.3g}), "
                             f"{n} windows in a row", ts=w.ts),
               Evidence(fact="peer-comparison anomaly: investigate; not a drain signal on its own", ts=w.ts)]
-        return Finding(host=w.host, component=comp, failure_mode=MODE_OF[feat], severity="minor", confidence=conf,
+        mode = MODE_OF[feat]
+        if kind == "gpu" and mode.startswith("pcie_") and comp in w.gpu_ids:
+            comp = w.gpu_pci[w.gpu_ids.index(comp)] or comp  # PCIe modes name the PCI address, as the rules do
+        return Finding(host=w.host, component=comp, failure_mode=mode, severity="minor", confidence=conf,
                        detector=self.name, ts=w.ts, evidence=ev, recommended_action=["ticket"],
                        cluster=w.cluster, rack=w.rack)

@@ -136,3 +136,30 @@ def test_an_event_mode_is_named_in_its_one_window() -> None:
         samples.append(msgspec.structs.replace(s))
     found = [f for f in _classify(samples) if f.failure_mode == "gpu_dram_uce"]
     assert found and found[0].component == "GPU-2" and found[0].ts == T0 + 60.0 * 5
+
+
+@pytest.mark.skipif(not (MODEL_DIR / "peer_anomaly.json").exists(), reason="no shipped peer model")
+def test_peer_pcie_findings_name_the_pci_address_like_the_rules() -> None:
+    """A GPU whose PCIe replay rate leaves its peers': the finding names the device's PCI address
+    (as the rules and the ground truth do), not the GPU UUID, or the scorecard counts it false."""
+    from fleethealth.schema import PcieLink
+
+    samples = []
+    for i in range(40):
+        s = _host(i, interval=10.0)
+        for g in s.gpus:
+            g.pci_bus_id = f"00000000:{0x18 + 16 * g.index:02X}:00.0"
+            bad = g.index == 5 and i >= 10
+            g.pcie = PcieLink(gen_current=5, gen_max=5, width_current=8 if bad else 16, width_max=16,
+                              replay_counter=60 * (i - 10) if bad else 0)
+        samples.append(s)
+    peer = load_peer()
+    w = _windows(FeatureStream(), samples)[-1]
+    dev = peer.deviations(w)["gpu"][1]
+    model = peer.models["gpu"]
+    j = model.names.index("pcie_replay_rate_dev")
+    assert abs(dev[5, j]) > model.limit[j]  # out of the envelope: what the forest is asked to confirm
+    f = peer._finding(w, "gpu", w.gpu_ids[5], dev[5], model, j, 3)
+    assert f.failure_mode == "pcie_link_degraded" and f.component == "0000:68:00.0"
+    t = peer._finding(w, "gpu", w.gpu_ids[5], dev[5], model, model.names.index("temp_adj"), 3)
+    assert t.failure_mode == "gpu_thermal" and t.component == "GPU-5"  # GPU modes keep the GPU
