@@ -101,7 +101,7 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
         for s in decoded:
             f.feed(s)
 
-    per_batch = max(1, round(len(windows) / max(1, duration_s / 10.0)))  # windows closing per 10 s of fleet time
+    per_batch = max(1, round(len(windows) / max(1, duration_s / 60.0)))  # windows closing per 60 s (batch_s)
 
     def scoring() -> None:
         for d in dets:
@@ -128,7 +128,7 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
         Row("ml", "ML feature stream alone, per sample", t_feat * us, "µs",
             f"{len(windows)} windows of 60 s (one per 6 samples)"),
         Row("ml", "ML scoring alone (classifier + peer), per sample", t_score * us, "µs",
-            f"batches of {per_batch} windows (10 s of this fleet)"),
+            f"batches of {per_batch} windows (60 s of this fleet)"),
         Row("ml", "window rows through the classifier's gate", 100.0 * gated, "%",
             f"{st['gated']} of {st['rows']} rows"),
     ]

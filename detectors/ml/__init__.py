@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from detectors.finding import Detector
+from detectors.finding import Detector, Finding
 from detectors.ml.features import FEATURE_SPEC, FeatureStream
 from detectors.ml.model_io import ModelError, load_model, read_sidecar
 from detectors.ml.peers import PEER_FEATURES, PeerDetector
 from detectors.ml.supervised import FEATURES, SupervisedDetector
 from detectors.ml.train import PEER_NAME, SUPERVISED_NAME, peer_models
+from fleethealth.schema import Sample
 
 log = logging.getLogger(__name__)
 MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -53,6 +54,40 @@ def load_ml_detectors(model_dir: Path | None = None) -> list[Detector]:
     return [loader(d, stream) for _, loader in present]
 
 
+class MLSuite:
+    """The ML detectors as one detector for the engine: each sample goes through the shared feature
+    stream once, and every member buffers the window it closes (their batches fall due together:
+    same windows, same sample times). Findings keep their member's name (``model:<name>@<v>``)."""
+
+    def __init__(self, members: list[Detector]) -> None:
+        self.members = members
+        self.stream: FeatureStream = members[0].stream  # type: ignore[attr-defined]
+        self.stream.consumers = 1  # fed once per sample, here
+        self.name = ",".join(str(getattr(m, "name", m)) for m in members)
+
+    def feed(self, sample: Sample) -> list[Finding]:
+        w = self.stream.feed(sample)
+        out: list[Finding] = []
+        for m in self.members:
+            got = m.take(w, sample.ts)  # type: ignore[attr-defined]
+            if got:
+                out.extend(got)
+        return out
+
+    def flush(self) -> list[Finding]:
+        return [f for m in self.members for f in m.flush()]  # type: ignore[attr-defined]
+
+    def reset(self) -> None:
+        for m in self.members:
+            m.reset()
+
+
+def load_ml_suite(model_dir: Path | None = None) -> list[Detector]:
+    """[MLSuite] of the detectors whose models are present ([] when none is)."""
+    dets = load_ml_detectors(model_dir)
+    return [MLSuite(dets)] if dets else []
+
+
 def _register() -> None:
     try:
         from detectors.registry import register_model, register_model_suite
@@ -60,10 +95,10 @@ def _register() -> None:
         return
     register_model(SUPERVISED_NAME, load_supervised)
     register_model(PEER_NAME, load_peer)
-    register_model_suite({SUPERVISED_NAME, PEER_NAME}, load_ml_detectors)  # one shared feature stream
+    register_model_suite({SUPERVISED_NAME, PEER_NAME}, load_ml_suite)  # one feature stream, one engine entry
 
 
 _register()
 
-__all__ = ["MODEL_DIR", "ModelError", "PeerDetector", "SupervisedDetector", "load_ml_detectors", "load_peer",
-           "load_supervised"]
+__all__ = ["MODEL_DIR", "MLSuite", "ModelError", "PeerDetector", "SupervisedDetector", "load_ml_detectors",
+           "load_ml_suite", "load_peer", "load_supervised"]

@@ -132,7 +132,7 @@ class PeerDetector:
     definition that training uses."""
 
     def __init__(self, models: dict[str, PeerModel], meta: dict[str, Any], stream: FeatureStream | None = None,
-                 persist: int | None = None, *, batch_windows: int = 1024, batch_s: float = 10.0) -> None:
+                 persist: int | None = None, *, batch_windows: int = 1024, batch_s: float = 60.0) -> None:
         self.models = models
         self.meta = meta
         self.version = str(meta.get("version", "0"))
@@ -156,9 +156,13 @@ class PeerDetector:
         self._oldest = self._now = 0.0
 
     def feed(self, sample: Sample) -> list[Finding]:
-        w = self.stream.feed(sample)
-        if sample.ts > self._now:
-            self._now = sample.ts
+        return self.take(self.stream.feed(sample), sample.ts)
+
+    def take(self, w: WindowFeatures | None, ts: float) -> list[Finding]:
+        """Buffer a window the shared feature stream closed (None: the sample closed none) and
+        score the batch when it is due; ``ts`` is the sample's time."""
+        if ts > self._now:
+            self._now = ts
         if w is not None:
             if not self.pending:
                 self._oldest = w.ts

@@ -86,7 +86,7 @@ class SupervisedDetector:
     rows of every window in the batch), so the healthy path costs a list append per window."""
 
     def __init__(self, estimators: dict[str, Any], meta: dict[str, Any], stream: FeatureStream | None = None, *,
-                 batch_windows: int = 1024, batch_s: float = 10.0, persist: int | None = None) -> None:
+                 batch_windows: int = 1024, batch_s: float = 60.0, persist: int | None = None) -> None:
         single_threaded()
         self.models = estimators
         self.meta = meta
@@ -113,9 +113,13 @@ class SupervisedDetector:
         self.stats = dict.fromkeys(self.stats, 0)
 
     def feed(self, sample: Sample) -> list[Finding]:
-        w = self.stream.feed(sample)
-        if sample.ts > self._now:
-            self._now = sample.ts
+        return self.take(self.stream.feed(sample), sample.ts)
+
+    def take(self, w: WindowFeatures | None, ts: float) -> list[Finding]:
+        """Buffer a window the shared feature stream closed (None: the sample closed none) and
+        score the batch when it is due; ``ts`` is the sample's time."""
+        if ts > self._now:
+            self._now = ts
         if w is not None:
             if not self.pending:
                 self._oldest = w.ts

@@ -105,10 +105,25 @@ def test_training_labels_follow_what_a_window_can_show() -> None:
 
 
 def test_registry_builds_the_shipped_models_on_one_feature_stream() -> None:
+    from detectors.ml import MLSuite
     from detectors.registry import model_detectors
 
     ds = model_detectors()
     if not ds:
         pytest.skip("no shipped model in detectors/models")
-    streams = {id(getattr(d, "stream", None)) for d in ds}
-    assert len(ds) == 2 and len(streams) == 1 and None not in {getattr(d, "stream", None) for d in ds}
+    assert len(ds) == 1 and isinstance(ds[0], MLSuite)  # one engine entry: features once per sample
+    members = ds[0].members
+    assert len(members) == 2 and all(m.stream is ds[0].stream for m in members)
+    assert ds[0].stream.consumers == 1
+
+
+def test_the_suite_finds_what_its_members_find_fed_one_by_one(model_dir: Path) -> None:
+    from detectors.ml import load_ml_suite
+
+    samples = _faulty()
+    apart = load_ml_detectors(model_dir)
+    want = [f for s in samples for d in apart for f in d.feed(s)] + [f for d in apart for f in d.flush()]
+    suite = load_ml_suite(model_dir)[0]
+    got = [f for s in samples for f in suite.feed(s)] + suite.flush()
+    assert want and sorted(map(_key, got)) == sorted(map(_key, want))
+    assert {f.detector.split("@")[0] for f in got} <= {"model:fault_classifier", "model:peer_anomaly"}
