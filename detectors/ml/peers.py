@@ -154,6 +154,7 @@ class PeerDetector:
         self.streak.clear()
         self.pending.clear()
         self._oldest = self._now = 0.0
+        self.stats = dict.fromkeys(self.stats, 0)
 
     def feed(self, sample: Sample) -> list[Finding]:
         return self.take(self.stream.feed(sample), sample.ts)
