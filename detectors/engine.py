@@ -145,10 +145,13 @@ class DetectorEngine:
                 out.extend(self.tick(ts))
         return out
 
-    def flush(self) -> list[Incident]:
-        """Findings detectors held back (batched model scoring) as incidents: call after each poll batch."""
+    def flush(self, silent: bool = False) -> list[Incident]:
+        """Findings detectors held back (batched model scoring) as incidents: call after each poll
+        batch. ``silent``: after a rebuild (:meth:`replay`), the held findings are of replayed
+        samples: they advance the episodes as live ones would, and nothing is returned."""
         held = [f for d in self.extra if hasattr(d, "flush") for f in d.flush()]
-        return self._combine(held) if held else []
+        out = self._combine(held) if held else []
+        return [] if silent else out
 
     def detect(self, sample: Sample) -> list[Finding]:
         """Raw findings for one sample (state advances; no episodes): for tests and diagnose-like use."""
@@ -254,6 +257,10 @@ class DetectorEngine:
         for b in self.rules.baselines.values():
             for key in [k for k in b.rates if k[0] == host]:
                 del b.rates[key]
+        for d in self.extra:  # model detectors: the host's feature state, streaks, buffered windows
+            forget = getattr(d, "forget_host", None)
+            if forget is not None:
+                forget(host)
 
 
 class _Facts(dict[str, Any]):

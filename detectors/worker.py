@@ -348,6 +348,10 @@ class DetectWorker:
             except Exception:  # dead-lettered live; the rebuild goes on
                 log.exception("engine failed replaying a sample from %s", sample.host)
             n += 1
+        try:
+            self.engine.flush(silent=True)  # windows the model detectors still hold are replayed ones
+        except Exception:
+            log.exception("a detector's flush failed after the rebuild")
         self.stats.rebuilds += len(ends)
         self.stats.rebuilt_samples += n
         if self.metrics is not None:

@@ -81,6 +81,10 @@ class MLSuite:
         for m in self.members:
             m.reset()
 
+    def forget_host(self, host: str) -> None:
+        for m in self.members:
+            m.forget_host(host)  # type: ignore[attr-defined]
+
 
 def load_ml_suite(model_dir: Path | None = None) -> list[Detector]:
     """[MLSuite] of the detectors whose models are present ([] when none is)."""

@@ -172,6 +172,15 @@ class PeerDetector:
             return self.flush()
         return []
 
+    def forget_host(self, host: str) -> None:
+        """Drop the host silently (its partition moved to another worker): feature state, streaks,
+        and its windows still waiting for a batch."""
+        self.stream.forget_host(host)
+        self.streak.pop(host, None)
+        self.pending = [w for w in self.pending if w.host != host]
+        for view in self.racks.values():
+            view.hosts.pop(host, None)
+
     def flush(self) -> list[Finding]:
         """Score the buffered windows; findings in window order."""
         batch, self.pending = self.pending, []

@@ -128,6 +128,13 @@ class SupervisedDetector:
             return self.flush()
         return []
 
+    def forget_host(self, host: str) -> None:
+        """Drop the host silently (its partition moved to another worker): feature state, streaks,
+        and its windows still waiting for a batch."""
+        self.stream.forget_host(host)
+        self.streak.pop(host, None)
+        self.pending = [w for w in self.pending if w.host != host]
+
     def flush(self) -> list[Finding]:
         """Score every buffered window (one gate mask and one ``predict_proba`` per kind); findings
         in window order."""

@@ -127,3 +127,45 @@ def test_the_suite_finds_what_its_members_find_fed_one_by_one(model_dir: Path) -
     got = [f for s in samples for f in suite.feed(s)] + suite.flush()
     assert want and sorted(map(_key, got)) == sorted(map(_key, want))
     assert {f.detector.split("@")[0] for f in got} <= {"model:fault_classifier", "model:peer_anomaly"}
+
+
+def _held_suite(model_dir: Path):  # type: ignore[no-untyped-def]
+    from detectors.ml import load_ml_suite
+
+    suite = load_ml_suite(model_dir)[0]
+    for m in suite.members:
+        m.batch_windows, m.batch_s = 10**9, 1e12  # nothing leaves before flush
+    return suite
+
+
+def test_forget_host_drops_its_state_and_its_waiting_windows(model_dir: Path) -> None:
+    """A partition moved away: the host's feature state, streaks and buffered windows go, the rest
+    stay (the new owner rebuilds the host and speaks for it)."""
+    samples = _faulty()
+    suite = _held_suite(model_dir)
+    eng = DetectorEngine(extra_detectors=[suite])
+    for s in samples:
+        eng.feed(s)
+    hosts = {w.host for w in suite.members[0].pending}
+    gone = sorted({f.host for f in load_supervised(model_dir).score_batch(suite.members[0].pending)})[0]
+    assert len(hosts) > 2 and gone in hosts
+    eng.forget_host(gone)
+    for m in suite.members:
+        assert all(w.host != gone for w in m.pending) and gone not in m.streak
+        assert {w.host for w in m.pending} == hosts - {gone}
+    assert gone not in suite.stream.hosts
+    assert all(i.host != gone for i in eng.flush())
+
+
+def test_after_a_rebuild_held_model_findings_advance_episodes_silently(model_dir: Path) -> None:
+    samples = _faulty()
+    loud = DetectorEngine(extra_detectors=[_held_suite(model_dir)])
+    for s in samples:
+        loud.replay(s)
+    assert any(i.detector.startswith("model:") or "classifier p(" in str(i.evidence) for i in loud.flush())
+    quiet = DetectorEngine(extra_detectors=[_held_suite(model_dir)])
+    for s in samples:
+        quiet.replay(s)
+    assert quiet.flush(silent=True) == []  # replayed windows: nothing is published again ...
+    assert quiet.flush() == []  # ... and nothing is left to publish later
+    assert set(quiet.episodes.open) == set(loud.episodes.open)  # the episodes advanced all the same
