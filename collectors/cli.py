@@ -48,7 +48,8 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--expected-gpus", type=int, default=0, help="GPUs this host should have (0 = do not check)")
     flag(p, "--sysfs-root", default=None, help="sysfs root to read (default /sys; a fixture tree in tests)")
     flag(p, "--proc-root", default=None, help="procfs root for boot_id and btime (default /proc)")
-    flag(p, "--kmsg-file", default=None, help="kernel log to follow: /dev/kmsg (default) or a log file")
+    flag(p, "--kmsg-file", default=None, help="kernel log to follow: /dev/kmsg (default), a log file, or 'journal' "
+         "(journalctl -k -f, for hosts where /dev/kmsg cannot be read)")
     flag(p, "--state-dir", default=None, help="sequence number, kernel-log position (default /var/lib/fleethealth)")
     flag(p, "--spool-dir", default=None, help="on-disk spool (default STATE_DIR/spool)")
     flag(p, "--spool-max-mb", type=float, default=256.0, help="spool bound; past it the oldest samples drop")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from collectors.kernel_follow import KernelLogFollower
+from collectors.kernel_follow import JournalFollower, KernelLogFollower
 from collectors.nvml_source import NvmlSource
 from collectors.spool import Spool
 from collectors.sysfs import ReadStats, read_boot_id, read_boot_time, read_edac, read_net_ports, read_pcie
@@ -86,14 +86,17 @@ class Collector:
                            fsync=settings.fsync)
         self.nvml = NvmlSource(nvml, expected_gpus=settings.expected_gpus, call_timeout=settings.call_timeout,
                                clock=clock) if nvml is not None else None
-        self.kernel: KernelLogFollower | None = None
+        self.kernel: KernelLogFollower | JournalFollower | None = None
         self._kernel_error: str | None = None
         if settings.kmsg_path:
             try:
-                self.kernel = KernelLogFollower(
-                    settings.kmsg_path, state_path=state / "kmsg-position.json",
-                    boot_time=read_boot_time(settings.proc_root), boot_id=self.boot_id,
-                )
+                if settings.kmsg_path == "journal":  # journalctl -k -f, its cursor in the state dir
+                    self.kernel = JournalFollower(state / "journal.cursor")
+                else:
+                    self.kernel = KernelLogFollower(
+                        settings.kmsg_path, state_path=state / "kmsg-position.json",
+                        boot_time=read_boot_time(settings.proc_root), boot_id=self.boot_id,
+                    )
             except OSError as exc:
                 self._kernel_error = f"cannot open {settings.kmsg_path}: {exc}"
         self._wake = threading.Event()

@@ -244,31 +244,85 @@ class KernelLogFollower:
 
 
 class JournalFollower:
-    """``journalctl -k -f -o short-iso --cursor-file=STATE``: journald keeps the position for us."""
+    """``journalctl -k -f -o short-iso --cursor-file=STATE``: journald keeps the position for us.
 
-    def __init__(self, cursor_file: str | Path, *, argv: Sequence[str] | None = None) -> None:
-        cmd = list(argv) if argv else ["journalctl", "-k", "-f", "-o", "short-iso", "--no-pager"]
-        cmd.append(f"--cursor-file={cursor_file}")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        assert self.proc.stdout is not None
-        os.set_blocking(self.proc.stdout.fileno(), False)
+    For hosts where ``/dev/kmsg`` cannot be read (a container) but the journal can. Nothing is
+    dropped: complete lines beyond ``max_lines`` wait for the next poll, a half-written last line
+    waits for its newline. A line longer than ``max_line`` bytes is cut, counted
+    (``lines_truncated``), and the rest of it is skipped rather than read as a line of its own.
+    A journalctl that exits (journald restarted, an OOM kill) is started again on the next poll
+    from its cursor file, logged and counted (``restarts``); one that cannot be started raises
+    ``OSError`` (the collector reports the kernel log as a failed source)."""
+
+    def __init__(self, cursor_file: str | Path, *, argv: Sequence[str] | None = None, max_line: int = MAX_LINE) -> None:
+        self.cursor_file = Path(cursor_file)
+        self.argv = list(argv) if argv else ["journalctl", "-k", "-f", "-o", "short-iso", "--no-pager"]
+        self.max_line = max_line
         self.parser = KernelLineParser()
+        self.restarts = 0
+        self.lines_truncated = 0
         self._carry = b""
+        self._skipping = False  # inside the tail of a line already cut
+        self._queue: list[bytes] = []  # complete lines not handed out yet
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([*self.argv, f"--cursor-file={self.cursor_file}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        return proc
+
+    def _read(self) -> bytes:
+        assert self.proc.stdout is not None
+        fd, chunks = self.proc.stdout.fileno(), []
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:  # EOF: journalctl is gone
+                break
+            chunks.append(data)
+        return b"".join(chunks)
+
+    def _split(self, data: bytes) -> None:
+        buf = self._carry + data
+        if self._skipping:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                self._carry = b""
+                return
+            buf, self._skipping = buf[nl + 1:], False
+        *lines, self._carry = buf.split(b"\n")
+        for raw in lines:
+            if len(raw) > self.max_line:
+                raw = raw[:self.max_line]
+                self.lines_truncated += 1
+            self._queue.append(raw)
+        if len(self._carry) > self.max_line:  # no newline in sight: cut it, skip the rest of it
+            self._queue.append(self._carry[:self.max_line])
+            self.lines_truncated += 1
+            self._carry, self._skipping = b"", True
 
     def poll(self, max_lines: int = 100_000) -> list[KernelEvent]:
-        assert self.proc.stdout is not None
-        try:
-            data = self.proc.stdout.read() or b""
-        except BlockingIOError:
-            data = b""
-        buf = self._carry + data
-        *lines, self._carry = buf.split(b"\n")
+        self._split(self._read())
+        rc = self.proc.poll()
+        if rc is not None:
+            self._split(self._read())  # what it wrote before it went
+            self.restarts += 1
+            log.warning("journalctl exited with status %s; starting it again from %s", rc, self.cursor_file)
+            self.proc = self._start()
+        take, self._queue = self._queue[:max_lines], self._queue[max_lines:]
         out = []
-        for raw in lines[:max_lines]:
-            ev = self.parser.feed(raw[:MAX_LINE].decode("utf-8", errors="replace"))
+        for raw in take:
+            ev = self.parser.feed(raw.decode("utf-8", errors="replace"))
             if ev is not None:
                 out.append(ev)
         return out
+
+    def save(self) -> None:
+        """journalctl keeps its own cursor file."""
 
     def close(self) -> None:
         self.proc.terminate()
