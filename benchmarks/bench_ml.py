@@ -76,7 +76,8 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
     sup, peer = dets
     dec = IncrementalDecoder()
     decoded = [dec.decode(b) for b in packed]
-    fs = FeatureStream()
+    window_s = sup.stream.window_s  # type: ignore[attr-defined]  # the shipped models' window
+    fs = FeatureStream(window_s=window_s)
     windows = [w for s in decoded if (w := fs.feed(s)) is not None]
 
     def decode_only() -> None:
@@ -97,11 +98,12 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
         return run
 
     def features() -> None:
-        f = FeatureStream()
+        f = FeatureStream(window_s=window_s)
         for s in decoded:
             f.feed(s)
 
     per_batch = max(1, round(len(windows) / max(1, duration_s / 60.0)))  # windows closing per 60 s (batch_s)
+    per_window = round(window_s / 10.0)
 
     def scoring() -> None:
         for d in dets:
@@ -126,7 +128,7 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
         Row("ml", "decode + state + rules + ML, one core", n / t_all, "host-samples/s",
             f"target 20,000; = {n / t_all * 10:,.0f} hosts at a 10 s poll"),
         Row("ml", "ML feature stream alone, per sample", t_feat * us, "µs",
-            f"{len(windows)} windows of 60 s (one per 6 samples)"),
+            f"{len(windows)} windows of {window_s:g} s (one per {per_window} samples)"),
         Row("ml", "ML scoring alone (classifier + peer), per sample", t_score * us, "µs",
             f"batches of {per_batch} windows (60 s of this fleet)"),
         Row("ml", "window rows through the classifier's gate", 100.0 * gated, "%",

@@ -86,7 +86,15 @@ def test_peer_batches_score_like_one_window_at_a_time(model_dir: Path) -> None:
     assert many.stats["batches"] * 20 < one.stats["batches"]
 
 
-def _host(i: int, *, down: bool = False, downs: int = 0, interval: float = 60.0) -> Sample:
+def _window_s() -> float:
+    """The shipped classifier's window: samples this far apart each close one window."""
+    from detectors.ml.model_io import read_sidecar
+
+    return float(read_sidecar(MODEL_DIR, "fault_classifier").get("window_s", 60.0))
+
+
+def _host(i: int, *, down: bool = False, downs: int = 0, interval: float | None = None) -> Sample:
+    interval = _window_s() if interval is None else interval
     gpus = [GpuSample(index=k, uuid=f"GPU-{k}", temperature_c=55.0 + k * 0.2, power_w=400.0, utilization_pct=90.0)
             for k in range(8)]
     ports = [NetPort(device=f"mlx5_{p}", port=1, state="DOWN" if (down and p == 3) else "ACTIVE",
@@ -112,7 +120,7 @@ def test_one_window_of_a_state_mode_is_not_a_finding() -> None:
     stuck = [_host(i, down=i >= 5, downs=int(i >= 5)) for i in range(12)]
     found = [f for f in _classify(stuck) if f.failure_mode == "net_link_down"]
     assert found and found[0].component == "mlx5_3/1"
-    assert found[0].ts == T0 + 60.0 * 6  # the second window of the outage, not the first
+    assert found[0].ts == T0 + _window_s() * 6  # the second window of the outage, not the first
 
 
 @pytest.mark.skipif(not (MODEL_DIR / "fault_classifier.json").exists(), reason="no shipped classifier")
@@ -135,7 +143,7 @@ def test_an_event_mode_is_named_in_its_one_window() -> None:
                           XidEvent(xid=63, ts=s.ts - 4.0, message="Xid 63: row remapping")]
         samples.append(msgspec.structs.replace(s))
     found = [f for f in _classify(samples) if f.failure_mode == "gpu_dram_uce"]
-    assert found and found[0].component == "GPU-2" and found[0].ts == T0 + 60.0 * 5
+    assert found and found[0].component == "GPU-2" and found[0].ts == T0 + _window_s() * 5
 
 
 @pytest.mark.skipif(not (MODEL_DIR / "peer_anomaly.json").exists(), reason="no shipped peer model")
