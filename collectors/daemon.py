@@ -27,9 +27,17 @@ from collectors.nvml_source import NvmlSource
 from collectors.spool import Spool
 from collectors.sysfs import ReadStats, read_boot_id, read_boot_time, read_edac, read_net_ports, read_pcie
 from fleethealth import __version__
-from fleethealth.schema import Sample, SourceError, encode
+from fleethealth.schema import MAX_EVENTS, KernelEvent, Sample, SourceError, encode
 
 log = logging.getLogger(__name__)
+
+
+MAX_KERNEL_EVENTS = MAX_EVENTS  # per sample: the contract's bound on Sample.kernel_events
+
+
+def _vital(e: KernelEvent) -> bool:
+    """An event that names a failure, kept first when a poll brings more than a sample may carry."""
+    return e.kind in ("xid", "fell_off_bus", "mce", "edac") or (e.kind == "aer" and e.severity != "corrected")
 
 
 class Sink(Protocol):
@@ -186,7 +194,25 @@ class Collector:
         if self._kernel_error:
             raise OSError(self._kernel_error)
         if self.kernel is not None:
-            sample.kernel_events = self.kernel.poll(max_lines=100_000)[:4096]
+            sample.kernel_events = self._cap_events(self.kernel.poll(max_lines=100_000))
+
+    def _cap_events(self, events: list[KernelEvent]) -> list[KernelEvent]:
+        """At most MAX_KERNEL_EVENTS per sample (the contract's bound). Over it — a flood, usually
+        corrected-AER spam — the events that name a failure (Xid, fallen off the bus, MCE, EDAC,
+        uncorrectable AER) are kept first, the rest fill what room is left, in log order; what is
+        left out is counted (``skipped_reads["kernel_log:over_cap"]``) and logged."""
+        if len(events) <= MAX_KERNEL_EVENTS:
+            return events
+        keep = [i for i, e in enumerate(events) if _vital(e)][:MAX_KERNEL_EVENTS]
+        room = MAX_KERNEL_EVENTS - len(keep)
+        if room:
+            chosen = set(keep)
+            keep += [i for i, e in enumerate(events) if i not in chosen][:room]
+        dropped = len(events) - len(keep)
+        self.stats.skipped_reads["kernel_log:over_cap"] += dropped
+        log.warning("kernel log flood: %d events in one poll, %d left out (failure events kept first)",
+                    len(events), dropped)
+        return [events[i] for i in sorted(keep)]
 
     # ------------------------------------------------------------------ sending
 

@@ -162,3 +162,24 @@ def test_run_loop_stops_on_event(tmp_path):
     assert c.flush(5)
     c.close()
     assert sink.seqs() == [0, 1, 2, 3, 4]
+
+
+def test_a_kernel_log_flood_keeps_the_failure_lines_and_counts_what_it_leaves_out(tmp_path):
+    """6,000 corrected-AER lines around one Xid 79 in one poll: a sample carries at most 4,096
+    events (the contract's bound); the Xid is kept, the overflow is counted, none of it silently."""
+    kmsg = tmp_path / "flood.log"
+    aer = ("[  100.{i:06d}] pcieport 0000:00:01.1: AER: Corrected error message received from 0000:18:00.0\n"
+           "[  100.{i:06d}] pcieport 0000:00:01.1: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+           "(Receiver ID)\n")
+    lines = [aer.format(i=i) for i in range(3000)]
+    lines.insert(2500, "[  101.000000] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n")
+    kmsg.write_text("".join(lines))
+    c = Collector(settings(tmp_path, kmsg_path=str(kmsg)), sink=ListSink(), nvml=SimNvml(4))
+    try:
+        s = c.poll_once()
+    finally:
+        c.close()
+    assert len(s.kernel_events) == 4096
+    assert [e.xid for e in s.kernel_events if e.kind == "xid"] == [79]
+    parsed = 4096 + c.stats.skipped_reads["kernel_log:over_cap"]
+    assert parsed > 4096 and [e.ts for e in s.kernel_events] == sorted(e.ts for e in s.kernel_events)
