@@ -182,7 +182,6 @@ class NvmlSource:
                 continue
             self._pending.pop(i, None)
             workers[i] = self._lanes.submit(i, lambda i=i: self._read_gpu(i))
-        ev_worker = self._start_events()
         for i, w in workers.items():
             if w is None:
                 out.gpus.append(self._timed_out(i))
@@ -196,7 +195,9 @@ class NvmlSource:
                 out.gpus.append(self._failed(i, w.error))
             else:
                 out.gpus.append(w.result)
-        self._attach_events(ev_worker, out, deadline)
+        # after the GPU reads: they register each device for Xid events and map its handle, so an
+        # event set drained in parallel could miss a GPU's first events (and did, now and then)
+        self._attach_events(self._start_events(), out, deadline)
         self._add_missing(out)
         return out
 

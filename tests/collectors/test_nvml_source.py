@@ -147,3 +147,22 @@ def test_nvml_unusable_is_an_error_not_a_crash():
 
     p = NvmlSource(NoDriver(2)).poll()
     assert p.gpus == [] and "DRIVER_NOT_LOADED" in p.errors[0]
+
+
+def test_the_event_set_is_drained_after_the_gpus_register_for_it(monkeypatch):
+    """Each GPU's read registers it for Xid events; draining the event set in parallel with the
+    reads let a slow registration (a loaded host) push a GPU's first Xid into a later poll, or map
+    it to no GPU at all. Now the drain waits for the reads."""
+    sim = SimNvml(2, arch="volta")
+    slow = sim.nvmlDeviceRegisterEvents
+
+    def register_slowly(*a):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)
+        return slow(*a)
+
+    monkeypatch.setattr(sim, "nvmlDeviceRegisterEvents", register_slowly)
+    src = NvmlSource(sim)
+    sim.dram_uce(0)
+    g = by_index(src.poll())[0]
+    src.close()
+    assert [x.xid for x in g.xids] == [48]
