@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.table import Row  # noqa: E402
+from benchmarks.timing import best_cpu, worker_path  # noqa: E402
 from fleethealth.bus import iter_jsonl  # noqa: E402
 from fleethealth.schema import decode_sample, encode, encode_packed  # noqa: E402
 
@@ -49,16 +50,6 @@ def _lines(limit: int) -> tuple[list[bytes], str]:
 
     fleet = [HostSeries(f"b-{i}") for i in range(64)]
     return [encode(h.advance()) for _ in range(limit // 64) for h in fleet], "literal 8-GPU samples"
-
-
-def _cpu(fn: Any, repeat: int = 3) -> float:
-    """Best-of CPU seconds of fn() (fn builds its own fresh state each call)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
 
 
 def throughput(limit: int = 5000, repeat: int = 3) -> list[Row]:
@@ -87,29 +78,16 @@ def throughput(limit: int = 5000, repeat: int = 3) -> list[Row]:
             decode_sample(x)
 
     timed = [
-        ("decode JSON", _cpu(lambda: decode_all(lines), repeat), f"{kib:.1f} KiB JSON"),
-        ("decode msgpack", _cpu(lambda: decode_all(packed), repeat), f"{pkib:.1f} KiB msgpack"),
-        ("state+rules", _cpu(lambda: feed_all(decoded), repeat), "decoded samples"),
-        ("decode+state+rules JSON", _cpu(lambda: decode_feed(lines), repeat), f"{kib:.1f} KiB JSON"),
-        ("decode+state+rules msgpack", _cpu(lambda: decode_feed(packed), repeat), f"{pkib:.1f} KiB msgpack"),
+        ("decode JSON", best_cpu(lambda: decode_all(lines), repeat), f"{kib:.1f} KiB JSON"),
+        ("decode msgpack", best_cpu(lambda: decode_all(packed), repeat), f"{pkib:.1f} KiB msgpack"),
+        ("state+rules", best_cpu(lambda: feed_all(decoded), repeat), "decoded samples"),
+        ("decode+state+rules JSON", best_cpu(lambda: decode_feed(lines), repeat), f"{kib:.1f} KiB JSON"),
+        ("decode+state+rules msgpack", best_cpu(lambda: decode_feed(packed), repeat), f"{pkib:.1f} KiB msgpack"),
     ]
     models = model_detectors()
     if models:
-        from detectors.fastdecode import IncrementalDecoder
-
         names = ",".join(getattr(m, "name", type(m).__name__) for m in models)
-
-        def with_models() -> None:
-            for m in models:
-                m.reset()
-            eng, dec = DetectorEngine(extra_detectors=models), IncrementalDecoder().decode
-            for i, x in enumerate(packed, 1):
-                eng.feed(dec(x))
-                if i % 2000 == 0:
-                    eng.flush()  # the worker's poll batch
-            eng.flush()
-
-        timed.append((f"decode msgpack (incremental)+state+rules+ML ({names})", _cpu(with_models, repeat),
+        timed.append((f"decode msgpack (incremental)+state+rules+ML ({names})", best_cpu(worker_path(packed, models), repeat),
                       f"{pkib:.1f} KiB msgpack"))
     rows = []
     for name, t, unit_note in timed:
@@ -146,8 +124,8 @@ def incremental(limit: int = 5000, repeat: int = 3) -> list[Row]:
     rows = []
     for fmt, raw in (("JSON", lines), ("msgpack", packed)):
         for stage, fn in (("decode", dec_all), ("decode+state+rules", dec_feed)):
-            full = _cpu(lambda fn=fn, raw=raw: fn(raw, False), repeat)
-            inc = _cpu(lambda fn=fn, raw=raw: fn(raw, True), repeat)
+            full = best_cpu(lambda fn=fn, raw=raw: fn(raw, False), repeat)
+            inc = best_cpu(lambda fn=fn, raw=raw: fn(raw, True), repeat)
             rows.append(Row("detect", f"{stage} {fmt}, incremental decoder, one core", n / inc, "host-samples/s",
                             f"{inc / n * 1e6:.1f} µs/sample vs {full / n * 1e6:.1f} µs strict "
                             f"(x{full / inc:.2f}); {what}"))

@@ -24,16 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.table import Row  # noqa: E402
+from benchmarks.timing import best_cpu, worker_path  # noqa: E402
 
 
 def _fleet(hosts: int, duration_s: float, fault_rate: float) -> list[bytes]:
@@ -47,21 +45,10 @@ def _fleet(hosts: int, duration_s: float, fault_rate: float) -> list[bytes]:
         return [raw for _, raw in iter_jsonl(out)]
 
 
-def _best(fn: Callable[[], None], repeat: int) -> float:
-    """Best-of process CPU seconds (other work on the machine only ever adds time)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t)
-    return best
-
-
 def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, model_dir: Path | None = None,
          repeat: int = 3, quick: bool = False) -> list[Row]:
-    from detectors.engine import DetectorEngine
     from detectors.fastdecode import IncrementalDecoder
-    from detectors.ml import load_ml_detectors
+    from detectors.ml import MLSuite, load_ml_detectors
     from detectors.ml.features import FeatureStream
     from fleethealth.schema import decode_sample, encode_packed
 
@@ -73,10 +60,10 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
     dets = load_ml_detectors(model_dir)
     if not dets:
         return [Row("ml", "no trained model", 0.0, "", "run `fleethealth train` first")]
-    sup, peer = dets
+    sup = dets[0]
     dec = IncrementalDecoder()
     decoded = [dec.decode(b) for b in packed]
-    window_s = sup.stream.window_s  # type: ignore[attr-defined]  # the shipped models' window
+    window_s = sup.stream.window_s  # the shipped models' window
     fs = FeatureStream(window_s=window_s)
     windows = [w for s in decoded if (w := fs.feed(s)) is not None]
 
@@ -84,18 +71,6 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
         d = IncrementalDecoder().decode
         for b in packed:
             d(b)
-
-    def engine(extra: list[Any]) -> Callable[[], None]:
-        def run() -> None:
-            for d in extra:
-                d.reset()
-            eng, d = DetectorEngine(extra_detectors=extra), IncrementalDecoder().decode
-            for i, b in enumerate(packed, 1):
-                eng.feed(d(b))
-                if i % 2000 == 0:
-                    eng.flush()  # where the worker ends a poll batch (see docs/detectors.md, "ML")
-            eng.flush()
-        return run
 
     def features() -> None:
         f = FeatureStream(window_s=window_s)
@@ -110,13 +85,13 @@ def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, 
             d.reset()
         for i in range(0, len(windows), per_batch):
             for d in dets:
-                d.score_batch(windows[i:i + per_batch])  # type: ignore[attr-defined]
+                d.score_batch(windows[i:i + per_batch])
 
-    t_dec = _best(decode_only, repeat)
-    t_rules = _best(engine([]), repeat)
-    t_all = _best(engine(dets), repeat)
-    t_feat = _best(features, repeat)
-    t_score = _best(scoring, repeat)
+    t_dec = best_cpu(decode_only, repeat)
+    t_rules = best_cpu(worker_path(packed, []), repeat)
+    t_all = best_cpu(worker_path(packed, [MLSuite(dets)]), repeat)  # as detect --with-models runs them
+    t_feat = best_cpu(features, repeat)
+    t_score = best_cpu(scoring, repeat)
     st = dict(sup.stats)  # type: ignore[attr-defined]
     gated = st["gated"] / max(st["rows"], 1)
     us = 1e6 / n

@@ -321,9 +321,6 @@ class JournalFollower:
                 out.append(ev)
         return out
 
-    def save(self) -> None:
-        """journalctl keeps its own cursor file."""
-
     def close(self) -> None:
         self.proc.terminate()
         try:

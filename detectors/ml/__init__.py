@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 
 from detectors.finding import Detector, Finding
+from detectors.ml.batching import WindowBatcher
 from detectors.ml.features import FEATURE_SPEC, FeatureStream
 from detectors.ml.model_io import ModelError, load_model, read_sidecar
 from detectors.ml.peers import PEER_FEATURES, PeerDetector
@@ -40,7 +41,7 @@ def load_peer(model_dir: Path | None = None, stream: FeatureStream | None = None
     return PeerDetector(peer_models(est, meta), meta, stream)
 
 
-def load_ml_detectors(model_dir: Path | None = None) -> list[Detector]:
+def load_ml_detectors(model_dir: Path | None = None) -> list[WindowBatcher]:
     """Both ML detectors, or those whose model files exist; [] with a logged warning when none do.
     A model file that exists but is mismatched or untrusted raises :class:`ModelError`."""
     d = model_dir or MODEL_DIR
@@ -59,9 +60,9 @@ class MLSuite:
     stream once, and every member buffers the window it closes (their batches fall due together:
     same windows, same sample times). Findings keep their member's name (``model:<name>@<v>``)."""
 
-    def __init__(self, members: list[Detector]) -> None:
+    def __init__(self, members: list[WindowBatcher]) -> None:
         self.members = members
-        self.stream: FeatureStream = members[0].stream  # type: ignore[attr-defined]
+        self.stream = members[0].stream
         self.stream.consumers = 1  # fed once per sample, here
         self.name = ",".join(str(getattr(m, "name", m)) for m in members)
 
@@ -69,13 +70,13 @@ class MLSuite:
         w = self.stream.feed(sample)
         out: list[Finding] = []
         for m in self.members:
-            got = m.take(w, sample.ts)  # type: ignore[attr-defined]
+            got = m.take(w, sample.ts)
             if got:
                 out.extend(got)
         return out
 
     def flush(self) -> list[Finding]:
-        return [f for m in self.members for f in m.flush()]  # type: ignore[attr-defined]
+        return [f for m in self.members for f in m.flush()]
 
     def reset(self) -> None:
         for m in self.members:
@@ -83,7 +84,7 @@ class MLSuite:
 
     def forget_host(self, host: str) -> None:
         for m in self.members:
-            m.forget_host(host)  # type: ignore[attr-defined]
+            m.forget_host(host)
 
 
 def load_ml_suite(model_dir: Path | None = None) -> list[Detector]:

@@ -103,6 +103,15 @@ class WindowFeatures:
     gpu_pci: list[str] = field(default_factory=list)  # pci_key of each GPU row ("" when unknown)
 
 
+def pci_of_gpu(w: WindowFeatures, gpu: str) -> str:
+    """The PCI address of a GPU row of ``w`` (PCIe findings name the device, as the rules do); the
+    GPU id itself when the sample did not carry one."""
+    try:
+        return w.gpu_pci[w.gpu_ids.index(gpu)] or gpu
+    except (ValueError, IndexError):
+        return gpu
+
+
 @dataclass(slots=True)
 class HostFeatureState:
     boot_id: str | None = None

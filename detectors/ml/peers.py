@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from detectors.finding import Finding
-from detectors.ml.features import GI, HI, PI, PORT_COUNTERS, FeatureStream, WindowFeatures
-from fleethealth.schema import Evidence, Sample
+from detectors.ml.batching import WindowBatcher
+from detectors.ml.features import GI, HI, PI, PORT_COUNTERS, FeatureStream, WindowFeatures, pci_of_gpu
+from fleethealth.schema import Evidence
 
 GPU_RATES = ("dram_ce_rate", "sram_ce_rate", "pcie_replay_rate", "aer_cor_rate", "nvlink_crc_rate",
              "nvlink_replay_rate", "nvlink_recovery_rate")
@@ -112,22 +113,20 @@ class _RackView:
 
 @dataclass(slots=True)
 class _Flag:
-    """One component outside its peers' envelope and confirmed by the forest, in window ``at``."""
+    """One component outside its peers' envelope and confirmed by the forest."""
 
-    at: int
     kind: str
     comp: str
     dev: np.ndarray
     top: int
 
 
-class PeerDetector:
+class PeerDetector(WindowBatcher):
     """``feed(sample) -> list[Finding]``: components out of line with their peers, persistently.
 
-    Windows are scored in batches, across hosts: one stacked array per component count and kind
-    (numpy over a whole batch costs about what it costs over one window), when ``batch_windows``
-    windows wait, when sample time has moved ``batch_s`` past the oldest, or on :meth:`flush`
-    (the engine calls it at the end of each poll batch). Rack rows compare a host with the median
+    Windows are scored in batches across hosts (:mod:`detectors.ml.batching`): one stacked array
+    per component count and kind (numpy over a whole batch costs about what it costs over one
+    window). Rack rows compare a host with the median
     of its rack's fresh hosts as the batch leaves them; a batch of one window is the sequential
     definition that training uses."""
 
@@ -139,56 +138,19 @@ class PeerDetector:
         self.name = f"model:{meta.get('name', 'peer_anomaly')}@{self.version}"
         self.slopes: dict[str, float] = dict(meta.get("slopes", {}))
         self.persist = int(persist if persist is not None else meta.get("persist", 3))
-        self.stream = stream or FeatureStream(window_s=float(meta.get("window_s", 60.0)))
-        self.batch_windows = batch_windows
-        self.batch_s = batch_s
+        super().__init__(stream or FeatureStream(window_s=float(meta.get("window_s", 60.0))), batch_windows, batch_s)
         self.racks: dict[str, _RackView] = {}
-        self.streak: dict[str, dict[str, int]] = {}  # host -> component key -> windows in a row
-        self.pending: list[WindowFeatures] = []
-        self._oldest = self._now = 0.0
         self.stats = {"windows": 0, "batches": 0, "envelope": 0, "confirmed": 0}
 
     def reset(self) -> None:
-        self.stream.reset()
+        super().reset()
         self.racks.clear()
-        self.streak.clear()
-        self.pending.clear()
-        self._oldest = self._now = 0.0
         self.stats = dict.fromkeys(self.stats, 0)
 
-    def feed(self, sample: Sample) -> list[Finding]:
-        return self.take(self.stream.feed(sample), sample.ts)
-
-    def take(self, w: WindowFeatures | None, ts: float) -> list[Finding]:
-        """Buffer a window the shared feature stream closed (None: the sample closed none) and
-        score the batch when it is due; ``ts`` is the sample's time."""
-        if ts > self._now:
-            self._now = ts
-        if w is not None:
-            if not self.pending:
-                self._oldest = w.ts
-            self.pending.append(w)
-        if self.pending and (len(self.pending) >= self.batch_windows or self._now - self._oldest >= self.batch_s):
-            return self.flush()
-        return []
-
     def forget_host(self, host: str) -> None:
-        """Drop the host silently (its partition moved to another worker): feature state, streaks,
-        and its windows still waiting for a batch."""
-        self.stream.forget_host(host)
-        self.streak.pop(host, None)
-        self.pending = [w for w in self.pending if w.host != host]
+        super().forget_host(host)
         for view in self.racks.values():
             view.hosts.pop(host, None)
-
-    def flush(self) -> list[Finding]:
-        """Score the buffered windows; findings in window order."""
-        batch, self.pending = self.pending, []
-        return self.score_batch(batch) if batch else []
-
-    def score_window(self, w: WindowFeatures) -> list[Finding]:
-        """One window, scored now (training's evaluation feeds windows in order this way)."""
-        return self.score_batch([w])
 
     def deviations(self, w: WindowFeatures) -> dict[str, tuple[list[str], np.ndarray]]:
         """One window's deviation vectors per kind (rack: against the rack's fresh hosts, this one
@@ -249,22 +211,15 @@ class PeerDetector:
                 i = idx[b]
                 w = ws[i]
                 comp = w.gpu_ids[r] if kind == "gpu" else w.port_ids[r] if kind == "port" else "host"
-                flags.setdefault(i, []).append(_Flag(i, kind, comp, dev[b, r], top))
+                flags.setdefault(i, []).append(_Flag(kind, comp, dev[b, r], top))
         found: list[Finding] = []
         for i, w in enumerate(ws):  # streaks advance window by window, in order
-            fl = flags.get(i)
-            prev = self.streak.get(w.host)
-            if not fl:
-                if prev is not None:
-                    del self.streak[w.host]
-                continue
-            now: dict[str, int] = {}
-            for f in sorted(fl, key=lambda f: _KIND_ORDER[f.kind]):
-                key = f"{f.kind}:{f.comp}"
-                n = now[key] = (prev.get(key, 0) if prev else 0) + 1
+            fl = sorted(flags.get(i, ()), key=lambda f: _KIND_ORDER[f.kind])
+            seen = self.advance(w.host, [(f.kind, f.comp) for f in fl])
+            for f in fl:
+                n = seen[(f.kind, f.comp)]
                 if n >= self.persist:
                     found.append(self._finding(w, f.kind, f.comp, f.dev, self.models[f.kind], f.top, n))
-            self.streak[w.host] = now
         return found
 
     def _finding(self, w: WindowFeatures, kind: str, comp: str, dev: np.ndarray, model: PeerModel, j: int,
@@ -277,8 +232,8 @@ class PeerDetector:
                             f"{n} windows in a row", ts=w.ts),
               Evidence(fact="peer-comparison anomaly: investigate; not a drain signal on its own", ts=w.ts)]
         mode = MODE_OF[feat]
-        if kind == "gpu" and mode.startswith("pcie_") and comp in w.gpu_ids:
-            comp = w.gpu_pci[w.gpu_ids.index(comp)] or comp  # PCIe modes name the PCI address, as the rules do
+        if kind == "gpu" and mode.startswith("pcie_"):
+            comp = pci_of_gpu(w, comp)  # PCIe modes name the device's PCI address, as the rules do
         return Finding(host=w.host, component=comp, failure_mode=mode, severity="minor", confidence=conf,
                        detector=self.name, ts=w.ts, evidence=ev, recommended_action=["ticket"],
                        cluster=w.cluster, rack=w.rack)

@@ -14,8 +14,9 @@ poll batch). A finding carries its window's sample time, never the flush's.
 
 Precision first: a finding needs the top class's probability >= ``threshold`` (from the sidecar,
 0.9 by default), and a *state* mode (:data:`STATE_MODES`: link down, thermal, a storm ...) needs it
-in ``persist`` consecutive windows of its component (2 by default); it recommends the failure mode's default actions (drain included) only at
-``drain_threshold`` and above, and a ticket otherwise.
+in ``persist`` consecutive windows of its component (2 by default); it recommends the failure
+mode's default actions (drain included) only at ``drain_threshold`` and above, and a ticket
+otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from detectors.finding import Finding
+from detectors.ml.batching import WindowBatcher
 from detectors.ml.features import (
     GPU_FEATURES,
     HI,
@@ -33,9 +35,10 @@ from detectors.ml.features import (
     PORT_FEATURES,
     FeatureStream,
     WindowFeatures,
+    pci_of_gpu,
 )
 from detectors.ml.gate import Gate
-from fleethealth.schema import Evidence, Sample
+from fleethealth.schema import Evidence
 from fleethealth.taxonomy import MODES, FailureMode
 
 KINDS = ("gpu", "port", "host")
@@ -78,12 +81,13 @@ STATE_MODES = frozenset({"net_link_down", "net_link_bad_cable", "gpu_thermal", "
                          "gpu_ecc_sbe_storm", "host_dram_ce_storm", "gpu_nvlink_error"})
 
 
-class SupervisedDetector:
+class SupervisedDetector(WindowBatcher):
     """``feed(sample) -> list[Finding]`` from the trained per-kind classifiers, scored in batches;
     ``flush() -> list[Finding]`` scores what is buffered (call it at the end of a poll batch).
 
-    Windows are buffered whole and gated a batch at a time (one mask per kind over the stacked
-    rows of every window in the batch), so the healthy path costs a list append per window."""
+    Windows are buffered whole (:mod:`detectors.ml.batching`) and gated a batch at a time (one
+    mask per kind over the stacked rows of every window in the batch), so the healthy path costs a
+    list append per window."""
 
     def __init__(self, estimators: dict[str, Any], meta: dict[str, Any], stream: FeatureStream | None = None, *,
                  batch_windows: int = 1024, batch_s: float = 60.0, persist: int | None = None) -> None:
@@ -96,54 +100,13 @@ class SupervisedDetector:
         self.drain_threshold = float(meta.get("drain_threshold", 0.97))
         self.persist = int(persist if persist is not None else meta.get("persist_state_modes", 2))
         self.gate = Gate(meta.get("gate"))
-        self.stream = stream or FeatureStream(window_s=float(meta.get("window_s", 60.0)))
-        self.batch_windows = batch_windows
-        self.batch_s = batch_s
+        super().__init__(stream or FeatureStream(window_s=float(meta.get("window_s", 60.0))), batch_windows, batch_s)
         self._top = {k: _Top(FEATURES[k]) for k in KINDS}
-        self.pending: list[WindowFeatures] = []
-        self.streak: dict[str, dict[tuple[str, str], int]] = {}  # host -> (component, mode) -> windows
-        self._oldest = self._now = 0.0
         self.stats = {"windows": 0, "rows": 0, "gated": 0, "batches": 0, "held_for_persistence": 0}
 
     def reset(self) -> None:
-        self.stream.reset()
-        self.pending.clear()
-        self.streak.clear()
-        self._oldest = self._now = 0.0
+        super().reset()
         self.stats = dict.fromkeys(self.stats, 0)
-
-    def feed(self, sample: Sample) -> list[Finding]:
-        return self.take(self.stream.feed(sample), sample.ts)
-
-    def take(self, w: WindowFeatures | None, ts: float) -> list[Finding]:
-        """Buffer a window the shared feature stream closed (None: the sample closed none) and
-        score the batch when it is due; ``ts`` is the sample's time."""
-        if ts > self._now:
-            self._now = ts
-        if w is not None:
-            if not self.pending:
-                self._oldest = w.ts
-            self.pending.append(w)
-        if self.pending and (len(self.pending) >= self.batch_windows or self._now - self._oldest >= self.batch_s):
-            return self.flush()
-        return []
-
-    def forget_host(self, host: str) -> None:
-        """Drop the host silently (its partition moved to another worker): feature state, streaks,
-        and its windows still waiting for a batch."""
-        self.stream.forget_host(host)
-        self.streak.pop(host, None)
-        self.pending = [w for w in self.pending if w.host != host]
-
-    def flush(self) -> list[Finding]:
-        """Score every buffered window (one gate mask and one ``predict_proba`` per kind); findings
-        in window order."""
-        batch, self.pending = self.pending, []
-        return self.score_batch(batch) if batch else []
-
-    def score_window(self, w: WindowFeatures) -> list[Finding]:
-        """One window, scored now (training's evaluation feeds windows in order this way)."""
-        return self.score_batch([w])
 
     def score_batch(self, ws: list[WindowFeatures]) -> list[Finding]:
         st = self.stats
@@ -175,45 +138,20 @@ class SupervisedDetector:
                     hits.setdefault(i, []).append((kind, r - int(start[i]), mode, prob))
         out: list[Finding] = []
         for i, w in enumerate(ws):  # in window order: state modes must persist across a host's windows
-            h = hits.get(i)
-            prev = self.streak.get(w.host)
-            if h is None:
-                if prev is not None:
-                    del self.streak[w.host]
-                continue
-            now: dict[tuple[str, str], int] = {}
-            for kind, row, mode, prob in h:
-                ids, m = window_rows(w)[kind]
-                comp = ids[row]
-                if mode in STATE_MODES:
-                    k = now[(f"{kind}:{comp}", mode)] = (prev.get((f"{kind}:{comp}", mode), 0) if prev else 0) + 1
-                    if k < self.persist:
-                        st["held_for_persistence"] += 1
-                        continue
-                out.append(self._decide(w, kind, comp, m[row], mode, prob))
-            if now:
-                self.streak[w.host] = now
-            elif prev is not None:
-                del self.streak[w.host]
+            h = [(kind, window_rows(w)[kind], row, mode, prob) for kind, row, mode, prob in hits.get(i, ())]
+            seen = self.advance(w.host, [(kind, ids[row], mode) for kind, (ids, _), row, mode, _ in h
+                                         if mode in STATE_MODES])
+            for kind, (ids, m), row, mode, prob in h:
+                if mode in STATE_MODES and seen[(kind, ids[row], mode)] < self.persist:
+                    st["held_for_persistence"] += 1
+                    continue
+                out.append(self._decide(w, kind, ids[row], m[row], mode, prob))
         return out
-
-    def predict_rows(self, kind: str, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(label index into classes_, probability) per row; ungated rows are healthy with p=1."""
-        n = m.shape[0]
-        labels = np.full(n, -1)
-        probs = np.ones(n)
-        g = self.gate.mask(kind, m)
-        model = self.models.get(kind)
-        if model is not None and g.any():
-            p = model.predict_proba(m[g])
-            labels[g] = p.argmax(axis=1)
-            probs[g] = p.max(axis=1)
-        return labels, probs
 
     def _decide(self, w: WindowFeatures, kind: str, comp: str, row: np.ndarray, mode: str, p: float) -> Finding:
         comp = comp if kind != "host" or mode.startswith("host_dram") else "host"
         if kind == "gpu" and mode.startswith("pcie_"):
-            comp = _pci_of(w, comp)  # PCIe modes name the device's PCI address, as the rules do
+            comp = pci_of_gpu(w, comp)  # PCIe modes name the device's PCI address, as the rules do
         return self._finding(w, comp, mode, p, self._top[kind].evidence(row, w.ts))
 
     def _finding(self, w: WindowFeatures, comp: str, mode: str, p: float, ev: list[Evidence]) -> Finding:
@@ -223,13 +161,6 @@ class SupervisedDetector:
         return Finding(host=w.host, component=comp, failure_mode=mode, severity=info.severity.value,
                        confidence=round(min(p, 0.999), 4), detector=self.name, ts=w.ts, evidence=ev,
                        recommended_action=actions, cluster=w.cluster, rack=w.rack)
-
-
-def _pci_of(w: WindowFeatures, gpu: str) -> str:
-    try:
-        return w.gpu_pci[w.gpu_ids.index(gpu)] or gpu
-    except (ValueError, IndexError):
-        return gpu
 
 
 __all__ = ["FEATURES", "KINDS", "SupervisedDetector", "window_rows", "HI"]
