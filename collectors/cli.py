@@ -146,7 +146,7 @@ def run_collect(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, old)
         ok = collector.flush(30.0 if args.once else 10.0)
-        left = collector.spool.depth()
+        left = collector.pending()
         collector.close(flush_timeout=0)
         if server is not None:
             server.shutdown()
@@ -160,6 +160,7 @@ def _stats(c: Any) -> dict[str, Any]:
     s = c.stats
     return {
         "last_poll_seconds": s.last_poll_seconds, "source_errors": dict(s.source_errors),
-        "spool_depth": c.spool.depth(), "spool_dropped": c.spool.dropped, "polls": s.polls,
+        "spool_depth": c.pending(), "spool_dropped": c.spool.dropped + s.memory_dropped,
+        "spool_corrupt": c.spool.corrupt, "spool_write_errors": c.spool.write_errors + s.state_write_errors, "polls": s.polls,
         "samples_sent": s.samples_sent, "last_sample_ts": s.last_sample_ts,
     }

@@ -10,13 +10,14 @@ out in order before anything newer. Each source runs isolated: an exception beco
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class CollectorSettings:
     state_dir: str = "/var/lib/fleethealth"
     spool_dir: str | None = None
     spool_max_bytes: int = 256 << 20
+    memory_queue_bytes: int = 32 << 20  # bound of the in-memory queue used while the spool cannot be written
     call_timeout: float = 2.0
     fsync: bool = True
 
@@ -73,6 +75,9 @@ class CollectorStats:
     send_failures: int = 0
     last_poll_seconds: float = 0.0
     last_sample_ts: float = 0.0
+    spool_write_errors: int = 0
+    state_write_errors: int = 0
+    memory_dropped: int = 0  # records dropped from the in-memory queue (disk full for long, bound hit)
     source_errors: Counter[str] = field(default_factory=Counter)
     skipped_reads: Counter[str] = field(default_factory=Counter)
 
@@ -92,6 +97,14 @@ class Collector:
         self.boot_id = read_boot_id(settings.proc_root)
         self.spool = Spool(settings.spool_dir or state / "spool", max_bytes=settings.spool_max_bytes,
                            fsync=settings.fsync)
+        self._mem: deque[tuple[str, bytes]] = deque()  # records the spool could not take (disk full)
+        self._mem_bytes = 0
+        self._mem_max = min(settings.spool_max_bytes, settings.memory_queue_bytes)
+        self._mem_lock = threading.Lock()
+        self._mem_taken = self._mem_inflight = 0  # records of the memory queue the sender has in flight
+        self._disk_retry_at = 0.0
+        self._disk_backoff = 0.0
+        self._spool_failing = False
         self.nvml = NvmlSource(nvml, expected_gpus=settings.expected_gpus, call_timeout=settings.call_timeout,
                                clock=clock) if nvml is not None else None
         self.kernel: KernelLogFollower | JournalFollower | None = None
@@ -124,13 +137,67 @@ class Collector:
         return 0
 
     def _save_seq(self, seq: int) -> None:
+        """Persist the sequence number. A full or broken state disk is logged and counted, never a
+        reason to stop: the sequence goes on in memory (a restart then may repeat numbers, which
+        the detectors see as a restart, not as lost samples)."""
         tmp = self._state_path.with_name(self._state_path.name + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"host": self.s.host, "seq": seq}, f)
-            f.flush()
-            if self.s.fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, self._state_path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"host": self.s.host, "seq": seq}, f)
+                f.flush()
+                if self.s.fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, self._state_path)
+        except OSError as exc:
+            self.stats.state_write_errors += 1
+            if self.stats.state_write_errors == 1 or self.stats.state_write_errors % 100 == 0:
+                log.warning("sequence number not saved", extra={"error": str(exc)})
+
+    # ------------------------------------------------------------------ spool, or memory when the disk is full
+
+    def _enqueue(self, key: str, value: bytes) -> None:
+        """Spool the record; when the spool cannot be written (disk full, I/O error) keep it in a
+        bounded in-memory queue instead and retry the disk with backoff. Order is kept: while the
+        memory queue has records, new ones go behind them, and they move to the spool (oldest
+        first) once it can be written again; the sender sends the spool first, then memory. Over
+        the bound the oldest in-memory record is dropped and counted: the newest are kept."""
+        now = time.monotonic()
+        with self._mem_lock:
+            self._mem.append((key, value))
+            self._mem_bytes += len(value)
+            while self._mem_bytes > self._mem_max and len(self._mem) > 1:
+                _k, v = self._mem.popleft()
+                self._mem_bytes -= len(v)
+                self.stats.memory_dropped += 1
+                self._mem_inflight = max(0, self._mem_inflight - 1)
+            if now < self._disk_retry_at or self._mem_inflight:
+                return  # backing off, or the sender has the oldest in flight (moving them would duplicate)
+            while self._mem:
+                k, v = self._mem[0]
+                try:
+                    self.spool.append(k, v)
+                except OSError as exc:
+                    self.stats.spool_write_errors += 1
+                    self._disk_backoff = min(max(self._disk_backoff * 2, 1.0), 60.0)
+                    self._disk_retry_at = now + self._disk_backoff
+                    if not self._spool_failing:
+                        log.warning("spool cannot be written; samples are kept in memory and sent "
+                                    "directly until it can", extra={"error": str(exc)})
+                    self._spool_failing = True
+                    return
+                self._mem.popleft()
+                self._mem_bytes -= len(v)
+            if self._spool_failing:
+                log.info("spool writable again")
+            self._spool_failing = False
+            self._disk_backoff = 0.0
+
+    def pending(self) -> int:
+        """Samples not yet delivered: in the spool plus in memory."""
+        with self._mem_lock:
+            mem = len(self._mem)
+        return self.spool.depth() + mem
 
     # ------------------------------------------------------------------ one poll
 
@@ -147,7 +214,7 @@ class Collector:
                 log.warning("source failed", extra={"source": name, "error": str(exc)})
         self._save_seq(self.seq)
         self.seq += 1
-        self.spool.append(self.s.host, encode(sample))
+        self._enqueue(self.s.host, encode(sample))
         self._wake.set()
         self.stats.polls += 1
         self.stats.last_sample_ts = sample.ts
@@ -216,10 +283,32 @@ class Collector:
 
     # ------------------------------------------------------------------ sending
 
+    def _next_batch(self) -> tuple[list[tuple[str, bytes]], bool]:
+        """The oldest undelivered records: the spool's, else the in-memory ones (all newer)."""
+        with self._mem_lock:  # held across both, so no record moves from memory to the spool between
+            batch = self.spool.peek(500)
+            if batch:
+                return batch, True
+            batch = list(itertools.islice(self._mem, 500))
+            self._mem_taken = self._mem_inflight = len(batch)
+            return batch, False
+
+    def _ack(self, n: int, from_spool: bool) -> None:
+        if from_spool:
+            if n:
+                self.spool.ack(n)
+            return
+        with self._mem_lock:
+            dropped_meanwhile = self._mem_taken - self._mem_inflight
+            for _ in range(min(max(0, n - dropped_meanwhile), self._mem_inflight, len(self._mem))):
+                _k, v = self._mem.popleft()
+                self._mem_bytes -= len(v)
+            self._mem_taken = self._mem_inflight = 0
+
     def _send_loop(self) -> None:
         backoff = 0.1
         while not self._stop_sender.is_set():
-            batch = self.spool.peek(500)
+            batch, from_spool = self._next_batch()
             if not batch:
                 self._wake.wait(1.0)
                 self._wake.clear()
@@ -230,9 +319,9 @@ class Collector:
                 n = 0
                 self.stats.send_failures += 1
                 log.warning("sink unavailable; samples stay spooled",
-                            extra={"error": str(exc)[:300], "spooled": self.spool.depth()})
+                            extra={"error": str(exc)[:300], "spooled": self.pending()})
+            self._ack(n, from_spool)
             if n:
-                self.spool.ack(n)
                 self.stats.samples_sent += n
                 backoff = 0.1
             if n < len(batch):
@@ -242,10 +331,10 @@ class Collector:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until the spool is empty (True) or the timeout passes (False)."""
         end = time.monotonic() + timeout
-        while self.spool.depth() and time.monotonic() < end:
+        while self.pending() and time.monotonic() < end:
             self._wake.set()
             time.sleep(0.02)
-        return self.spool.depth() == 0
+        return self.pending() == 0
 
     # ------------------------------------------------------------------ loop
 

@@ -77,7 +77,8 @@ def test_every_catalogued_metric_is_exported_from_a_simulated_poll(tmp_path):
     sample.gpus.extend(old)
     metrics.update(sample)
     metrics.stats_fn = lambda: {"last_poll_seconds": 0.01, "source_errors": {"nvml": 1}, "spool_depth": 0,
-                                "spool_dropped": 0, "polls": 1, "samples_sent": 1, "last_sample_ts": sample.ts}
+                                "spool_dropped": 0, "spool_corrupt": 0, "spool_write_errors": 0, "polls": 1,
+                                "samples_sent": 1, "last_sample_ts": sample.ts}
     reg = CollectorRegistry(auto_describe=False)
     reg.register(metrics)
     text = generate_latest(reg).decode()
