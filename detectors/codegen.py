@@ -13,6 +13,8 @@ PCI address) so that a reordered or changed inventory falls back to a lookup by 
 
 from __future__ import annotations
 
+import hashlib
+import linecache
 from typing import Any
 
 from detectors.compiled import (
@@ -111,8 +113,9 @@ class _Gen:
             elif ev.check_kind == "nvml_error":
                 test = "e.nvml_error is not None"
             else:
-                return [f"if mem[{s + 1}] is None or mem[{s}] or len(sample.gpus) < sample.expected_gpus:",
-                        f"    {call}"]
+                # a GPU listed present=false is missing too (the interpreter counts present GPUs)
+                return [f"if mem[{s + 1}] is None or mem[{s}] or len(sample.gpus) < sample.expected_gpus"
+                        f" or not all(g.present for g in sample.gpus):", f"    {call}"]
             return [f"if {test}:", f"    {call}", f"elif mem[{s}]:", f"    mem[{s}] = 0"]
         if isinstance(ev, XidTableRule):
             return ["if any_xid or sample.kernel_events:", f"    {call}"]
@@ -268,7 +271,10 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]]) -> Any:
             body += [f"{ind}if mem[{n + 1}]:", f"{ind}    live = True",
                      f"{pre}gk[0] = sample.{whole}", f"{pre}gk[1] = live"]
     src = "\n".join(body) + "\n"
-    code = compile(src, "<detectors.codegen>", "exec")
+    # registered in linecache under a name of its own, so a traceback through it shows the line
+    name = f"<detectors.codegen-{hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    code = compile(src, name, "exec")
     exec(code, g.ns)
     fn = g.ns["evaluate"]
     fn.source = src

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import linecache
 import random
+from pathlib import Path
 
 import msgspec
+import pytest
 
 from detectors.fixtures import HostSeries
 from detectors.ruleset import RuleSet
 from detectors.state import Admission, HostState
-from fleethealth.schema import KernelEvent, XidEvent
+from fleethealth.bus import iter_jsonl
+from fleethealth.schema import KernelEvent, XidEvent, decode_sample
 
 replace = msgspec.structs.replace
 
@@ -42,6 +46,18 @@ def _mutate(rng: random.Random, s):
                                                active=[rng.random() < 0.9] * 18))
     elif r < 0.9:
         s.edac[0].dimms[0] = replace(s.edac[0].dimms[0], ue=rng.randrange(2), ce=rng.randrange(10_000))
+        s.edac[0] = replace(s.edac[0], ue_noinfo_count=rng.randrange(2), ce_count=rng.randrange(10_000))
+    elif r < 0.93:
+        # a lost GPU still listed (NVML answers UNKNOWN / GPU_IS_LOST): present=false, nvml_error
+        s.gpus[g] = replace(gs, present=rng.random() < 0.5,
+                            nvml_error=rng.choice([None, "GPU_IS_LOST", "UNKNOWN"]))
+    elif r < 0.96:
+        a = rng.randrange(len(s.aer))
+        dev = s.aer[a]
+        s.aer[a] = replace(dev, correctable={**dev.correctable, "BadTLP": rng.randrange(5000)},
+                           nonfatal={**dev.nonfatal, "UnsupReq": rng.randrange(2)},
+                           fatal={**dev.fatal, "SurpriseDown": rng.randrange(2)},
+                           link_width_current=rng.choice([8, 16]))
 
 
 def _canon(fs):
@@ -68,3 +84,39 @@ def test_generated_code_matches_interpreted_rules():
             assert _canon(out_a) == _canon(out_b)
             fired += len(out_a)
     assert fired > 50  # the random stream really exercised the rules
+
+
+REPLAY = Path(__file__).resolve().parents[2] / "replay_data"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in REPLAY.glob("*.jsonl.gz")))
+def test_generated_matches_interpreted_over_shipped_recordings(name):
+    """Every sample of every shipped recording: the generated function and the interpreter agree
+    (they disagreed on 223 samples of smoke-64h: a GPU listed present=false never counted as missing)."""
+    gen, ref = RuleSet.load(), RuleSet.load()
+    st_gen: dict[str, HostState] = {}
+    st_ref: dict[str, HostState] = {}
+    differ = samples = 0
+    for _, raw in iter_jsonl(REPLAY / name):
+        s = decode_sample(raw)
+        a, b = st_gen.setdefault(s.host, HostState(s.host)), st_ref.setdefault(s.host, HostState(s.host))
+        skip = [Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version) for st in (a, b)]
+        assert skip[0] == skip[1]
+        if skip[0]:
+            continue
+        out_a: list = []
+        out_b: list = []
+        gen.evaluate(a, s, out_a)
+        ref.evaluate_interpreted(b, s, out_b)
+        samples += 1
+        differ += _canon(out_a) != _canon(out_b)
+    assert samples > 1000  # (the driver roll-out set is silent by design: fired may be 0)
+    assert differ == 0, f"{name}: {differ} of {samples} samples differ"
+
+
+def test_generated_source_is_in_linecache():
+    """A traceback through the generated evaluator shows its source lines."""
+    fn = RuleSet.load().evaluate
+    name = fn.__code__.co_filename
+    assert linecache.getline(name, 1).startswith("def evaluate(st, sample, out):")
+    assert linecache.getlines(name) == fn.source.splitlines(True)
