@@ -145,9 +145,7 @@ class KernelLogFollower:
         lines = self._read_kmsg(max_lines) if self._is_kmsg else self._read_file(max_lines)
         out = []
         for raw in lines:
-            ev = self.parser.feed(raw)
-            if ev is not None:
-                out.append(ev)
+            out.extend(self.parser.feed_all(raw))
         self.save()
         return out
 
@@ -316,9 +314,7 @@ class JournalFollower:
         take, self._queue = self._queue[:max_lines], self._queue[max_lines:]
         out = []
         for raw in take:
-            ev = self.parser.feed(raw.decode("utf-8", errors="replace"))
-            if ev is not None:
-                out.append(ev)
+            out.extend(self.parser.feed_all(raw.decode("utf-8", errors="replace")))
         return out
 
     def close(self) -> None:

@@ -34,9 +34,9 @@ def parse(text: str) -> Parsed:
     for line in text.splitlines():
         if not line.strip():
             continue
-        ev = kp.feed(line)
+        evs = kp.feed_all(line)
         msg = split_prefix(line.rstrip()).msg
-        if ev is not None:
+        for ev in evs:
             matched += 1
             if len(out.sample.kernel_events) < MAX_EVENTS:
                 out.sample.kernel_events.append(ev)

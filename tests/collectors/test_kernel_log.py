@@ -107,7 +107,9 @@ def test_corpus_xid_files_parse():
     p = KernelLineParser()
     evs = [e for e in (p.feed(x) for x in (CORPUS / "kernel-xid" / "h100-node-boot-dmesg-healthy.log")
                                    .read_text(errors="replace").splitlines()) if e]
-    assert evs == []  # 2381 lines of healthy boot noise
+    # 2381 lines of healthy boot noise: only the family lines the rules read by text (link up/down at boot,
+    # PCIe bandwidth of each NIC), never an Xid / AER / EDAC / MCE event
+    assert {e.kind for e in evs} <= {"other"}
 
 
 # --------------------------------------------------------------------------- follower
