@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,8 +84,12 @@ class CollectorStats:
 
 class Collector:
     def __init__(self, settings: CollectorSettings, *, sink: Sink, nvml: Any = None,
-                 clock: Callable[[], float] = time.time, on_sample: Callable[[Sample], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, on_sample: Callable[[Sample], None] | None = None,
+                 sources: Sequence[Any] = ()) -> None:
         self.s = settings
+        # extra sources (collectors/prom_source.py): ``name``, ``fill(sample)``, ``replaces`` (builtins they stand in for)
+        self.sources = list(sources)
+        self._replaced = {n for src in self.sources for n in getattr(src, "replaces", ())}
         self.sink = sink
         self.clock = clock
         self.on_sample = on_sample
@@ -205,8 +209,10 @@ class Collector:
         t0 = time.perf_counter()
         sample = Sample(host=self.s.host, cluster=self.s.cluster, rack=self.s.rack, ts=self.clock(), seq=self.seq,
                         collector_version=__version__, boot_id=self.boot_id, expected_gpus=self.s.expected_gpus)
-        for name, fn in (("nvml", self._nvml), ("pcie", self._pcie), ("infiniband", self._net),
-                         ("edac", self._edac), ("kernel_log", self._kernel)):
+        builtin = (("nvml", self._nvml), ("pcie", self._pcie), ("infiniband", self._net),
+                   ("edac", self._edac), ("kernel_log", self._kernel))
+        for name, fn in [*((n, f) for n, f in builtin if n not in self._replaced),
+                         *((src.name, src.fill) for src in self.sources)]:
             try:
                 fn(sample)
             except Exception as exc:  # noqa: BLE001 - one source failing must not stop the others
@@ -353,6 +359,8 @@ class Collector:
 
     def close(self, flush_timeout: float = 10.0) -> None:
         self.flush(flush_timeout)
+        for src in self.sources:
+            getattr(src, "close", lambda: None)()
         self._stop_sender.set()
         self._wake.set()
         self._sender.join(5)
