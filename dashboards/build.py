@@ -16,7 +16,7 @@ from typing import Any
 
 from grafanalib._gen import DashboardEncoder
 
-from dashboards import fleet_overview, host_drilldown, pipeline_health
+from dashboards import alerts, fleet_overview, host_drilldown, pipeline_health
 
 # file name -> module with build() -> grafanalib Dashboard
 DASHBOARDS = {
@@ -25,6 +25,7 @@ DASHBOARDS = {
     "pipeline-health.json": pipeline_health,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "json"
+DEFAULT_ALERTS_OUT = Path(__file__).resolve().parent / "alerts"
 
 
 def render(name: str) -> str:
@@ -68,6 +69,21 @@ def stale(out: Path = DEFAULT_OUT) -> list[str]:
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             bad.append(name)
     return bad
+
+
+def write_alerts(out: Path = DEFAULT_ALERTS_OUT) -> list[Path]:
+    """Write the Prometheus alert-rule file; return it when its content changed."""
+    out.mkdir(parents=True, exist_ok=True)
+    path, text = out / alerts.RULE_FILE, alerts.render()
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return []
+    _atomic_write(path, text)
+    return [path]
+
+
+def stale_alerts(out: Path = DEFAULT_ALERTS_OUT) -> list[str]:
+    path = out / alerts.RULE_FILE
+    return [] if path.exists() and path.read_text(encoding="utf-8") == alerts.render() else [alerts.RULE_FILE]
 
 
 # --------------------------------------------------------------------------- queries

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from grafanalib.core import Dashboard
 
-from dashboards.panels import dashboard, row, stat, table, timeseries
+from dashboards.panels import dashboard, row, sel, stat, table, timeseries
 from fleethealth import metrics_names as m
 
 UID = "fleethealth-fleet-overview"
@@ -19,11 +19,14 @@ _AMBER = ((None, "green"), (1, "orange"))
 
 
 def _hosts(state: str) -> str:
-    return f'sum({m.HOSTS}{{state="{state}"}})'
+    matcher = f'state="{state}"'
+    return f"sum({sel(m.HOSTS, matcher)})"
 
 
 def build() -> Dashboard:
-    availability = f'sum({m.HOSTS}{{state=~"healthy|suspect"}}) / sum({m.HOSTS})'
+    in_service = sel(m.HOSTS, 'state=~"healthy|suspect"')
+    availability = f"sum({in_service}) / sum({sel(m.HOSTS)})"
+    opened = sel(m.INCIDENT_MESSAGES, 'state="open"')
     panels = [
         row("Fleet state"),
         stat("Healthy hosts", _hosts("healthy"), description="Hosts with no open incident."),
@@ -36,26 +39,26 @@ def build() -> Dashboard:
         stat("Fleet availability", availability, unit="percentunit",
              thresholds=((None, "red"), (0.95, "orange"), (0.99, "green")),
              description="Share of hosts schedulable: healthy or suspect, not drained or in repair."),
-        stat("Open tickets", f"sum({m.TICKETS_OPEN})", thresholds=_AMBER),
+        stat("Open tickets", f"sum({sel(m.TICKETS_OPEN)})", thresholds=_AMBER),
         row("Incidents"),
-        timeseries("Open incidents by failure mode", (f"sum by (failure_mode) ({m.INCIDENTS_OPEN})",
+        timeseries("Open incidents by failure mode", (f"sum by (failure_mode) ({sel(m.INCIDENTS_OPEN)})",
                                                       "{{failure_mode}}"), stacked=True),
         timeseries("New incidents by failure mode",
-                   (f'sum by (failure_mode) (increase({m.INCIDENT_MESSAGES}{{state="open"}}[$__rate_interval]))',
+                   (f"sum by (failure_mode) (increase({opened}[$__rate_interval]))",
                     "{{failure_mode}}"), bars=True,
                    description="Incident episodes opened per interval."),
         table("Top offending hosts",
-              (f"topk(10, sum by (host, rack) ({m.INCIDENTS_OPEN}))", "")),
-        table("Top offending racks", (f"topk(10, sum by (rack) ({m.INCIDENTS_OPEN}))", "")),
+              (f"topk(10, sum by (host, rack) ({sel(m.INCIDENTS_OPEN)}))", "")),
+        table("Top offending racks", (f"topk(10, sum by (rack) ({sel(m.INCIDENTS_OPEN)}))", "")),
         row("Remediation"),
-        timeseries("Host states", (f"sum by (state) ({m.HOSTS})", "{{state}}"), stacked=True, width=8),
-        timeseries("Drained and queued nodes", (f"sum({m.NODES_DRAINED})", "drained"),
-                   (f"sum({m.NODES_QUEUED})", "queued"), width=8),
-        timeseries("Open tickets by age", (f"sum by (age_bucket) ({m.TICKETS_OPEN})", "{{age_bucket}}"), stacked=True,
+        timeseries("Host states", (f"sum by (state) ({sel(m.HOSTS)})", "{{state}}"), stacked=True, width=8),
+        timeseries("Drained and queued nodes", (f"sum({sel(m.NODES_DRAINED)})", "drained"),
+                   (f"sum({sel(m.NODES_QUEUED)})", "queued"), width=8),
+        timeseries("Open tickets by age", (f"sum by (age_bucket) ({sel(m.TICKETS_OPEN)})", "{{age_bucket}}"), stacked=True,
                    width=8),
-        timeseries("Remediation actions", (f"sum by (kind, outcome) (increase({m.ACTIONS}[$__rate_interval]))",
+        timeseries("Remediation actions", (f"sum by (kind, outcome) (increase({sel(m.ACTIONS)}[$__rate_interval]))",
                                            "{{kind}} / {{outcome}}"), bars=True),
-        timeseries("Guard refusals", (f"sum by (guard) ({m.GUARD_REFUSALS})", "{{guard}}"),
+        timeseries("Guard refusals", (f"sum by (guard) ({sel(m.GUARD_REFUSALS)})", "{{guard}}"),
                    description="Drains a safety guard refused (cluster fraction, per-host rate limit)."),
     ]
     return dashboard(UID, TITLE, "Fleet health at a glance: host states, incidents, remediation.", panels,

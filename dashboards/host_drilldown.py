@@ -26,10 +26,10 @@ NET = "fleethealth_net_port_errors_total"
 EDAC = "fleethealth_edac_errors_total"
 XID = "fleethealth_gpu_xid_events_total"
 
-H = '{host="$host"}'
-CORRECTED = '{host="$host", scope="volatile", type="corrected"}'
-UNCORRECTED = '{host="$host", scope="volatile", type="uncorrected"}'
-NET_ERRORS = '{host="$host", counter=~".*(err|downed|discard|recovery).*"}'
+H = '{cluster=~"$cluster", host="$host"}'
+CORRECTED = '{cluster=~"$cluster", host="$host", scope="volatile", type="corrected"}'
+UNCORRECTED = '{cluster=~"$cluster", host="$host", scope="volatile", type="uncorrected"}'
+NET_ERRORS = '{cluster=~"$cluster", host="$host", counter=~".*(err|downed|discard|recovery).*"}'
 RATE = "[$__rate_interval]"
 
 

@@ -1,8 +1,13 @@
 """Small, deterministic building blocks shared by the dashboard modules.
 
-Every panel reads the one provisioned Prometheus datasource (uid ``DATASOURCE_UID``, written by
-``deploy/grafana/provisioning/datasources/fleethealth.yaml``). Panels are laid out left to right on
-Grafana's 24-column grid by :func:`layout`, so a dashboard module lists panels, not coordinates.
+Every panel reads the Prometheus datasource chosen by the dashboard's ``$datasource`` variable
+(type ``datasource``), so the JSON imports through Grafana's UI into any Grafana: its default is the
+provisioned one (uid ``DATASOURCE_UID``, written by
+``deploy/grafana/provisioning/datasources/fleethealth.yaml``) and any Prometheus can be picked.
+Every selector carries ``cluster=~"$cluster"`` (:func:`sel`); the ``$cluster`` variable lists the
+``cluster`` target label and defaults to All (``.*``, which also matches series without the label).
+Panels are laid out left to right on Grafana's 24-column grid by :func:`layout`, so a dashboard
+module lists panels, not coordinates.
 """
 
 from __future__ import annotations
@@ -25,9 +30,16 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-DATASOURCE_UID = "fleethealth-prometheus"
-DATASOURCE = {"type": "prometheus", "uid": DATASOURCE_UID}
+DATASOURCE_UID = "fleethealth-prometheus"  # the provisioned datasource: $datasource's default
+DATASOURCE_VAR = "datasource"
+DATASOURCE = {"type": "prometheus", "uid": "${" + DATASOURCE_VAR + "}"}
+CLUSTER = 'cluster=~"$cluster"'
 GRID_WIDTH = 24
+
+
+def sel(metric: str, *matchers: str) -> str:
+    """``metric{cluster=~"$cluster", <matchers>}``: a selector scoped to the chosen clusters."""
+    return f"{metric}{{{', '.join((CLUSTER, *matchers))}}}"
 
 
 def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False) -> Target:
@@ -105,11 +117,37 @@ def layout(panels: Sequence[Any]) -> list[Any]:
     return out
 
 
+def datasource_variable() -> Template:
+    """The Prometheus datasource every panel reads; Grafana lists the datasources of this type."""
+    t = Template(name=DATASOURCE_VAR, label="Datasource", query="prometheus", type="datasource",
+                 default=DATASOURCE_UID, refresh=1, sort=0)
+    t._current = {"selected": True, "text": "fleethealth Prometheus", "value": DATASOURCE_UID}
+    return t
+
+
+def cluster_variable() -> Template:
+    """The ``cluster`` label of the scraped fleethealth targets; All by default."""
+    t = Template(
+        name="cluster",
+        label="Cluster",
+        query='label_values(up{job=~"fleethealth.*"}, cluster)',
+        dataSource=DATASOURCE,
+        type="query",
+        includeAll=True,
+        multi=True,
+        allValue=".*",
+        refresh=2,
+        sort=1,
+    )
+    t._current = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return t
+
+
 def host_variable(metric: str, name: str = "host") -> Template:
     return Template(
         name=name,
         label="Host",
-        query=f"label_values({metric}, host)",
+        query=f"label_values({sel(metric)}, host)",
         dataSource=DATASOURCE,
         type="query",
         refresh=2,  # on time-range change: new hosts appear without a reload
@@ -126,7 +164,7 @@ def dashboard(uid: str, title: str, description: str, panels: Sequence[Any], *,
         description=description,
         tags=["fleethealth", *tags],
         panels=layout(panels),
-        templating=Templating(list=list(templates)),
+        templating=Templating(list=[datasource_variable(), cluster_variable(), *templates]),
         annotations=Annotations(list=list(annotations)),
         time=Time("now-30m", "now"),
         refresh="10s",

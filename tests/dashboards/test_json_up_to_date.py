@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from dashboards import build
-from dashboards.panels import DATASOURCE_UID
+from dashboards.panels import DATASOURCE, DATASOURCE_UID
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,10 +53,10 @@ def test_dashboard_is_well_formed(name: str) -> None:
                 cells.add((x, y))
         if p["type"] == "row":
             continue
-        assert p["datasource"]["uid"] == DATASOURCE_UID, p["title"]
+        assert p["datasource"] == DATASOURCE, p["title"]
         assert p["targets"], f"panel {p['title']!r} has no query"
         for t in p["targets"]:
-            assert t["datasource"]["uid"] == DATASOURCE_UID
+            assert t["datasource"] == DATASOURCE
     assert build.queries(doc), "a dashboard without queries"
 
 
@@ -69,10 +69,13 @@ def test_every_query_is_listed() -> None:
     assert any(w.startswith("variable") for w, _ in qs["host-drilldown.json"])
 
 
-def test_provisioning_names_the_datasource_the_dashboards_use() -> None:
+def test_provisioning_names_the_datasource_the_dashboards_default_to() -> None:
     prov = ROOT / "deploy" / "grafana" / "provisioning"
     ds = yaml.safe_load((prov / "datasources" / "fleethealth.yaml").read_text())
     assert [d["uid"] for d in ds["datasources"]] == [DATASOURCE_UID]
+    for name in build.DASHBOARDS:
+        variable = json.loads(build.render(name))["templating"]["list"][0]
+        assert variable["type"] == "datasource" and variable["current"]["value"] == DATASOURCE_UID
     assert ds["datasources"][0]["type"] == "prometheus"
     dash = yaml.safe_load((prov / "dashboards" / "fleethealth.yaml").read_text())
     assert dash["providers"][0]["type"] == "file"

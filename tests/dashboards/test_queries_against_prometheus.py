@@ -101,7 +101,7 @@ def _host_with_xids(url: str) -> str:
 def _fill(expr: str, host: str) -> str:
     for var in ("$__rate_interval", "$__interval", "$__range"):
         expr = expr.replace(var, WINDOW)
-    return expr.replace("$host", host)
+    return expr.replace("$host", host).replace("$cluster", ".*")  # the variable's All
 
 
 def test_every_dashboard_query_parses_and_returns_data(served) -> None:
