@@ -588,6 +588,7 @@ class KernelLineParser:
     lines_matched: int = 0
     lines_cut: int = 0  # over MAX_LINE, cut before reading
     lines_foreign: int = 0  # logged by another program: never an event (carrier state aside)
+    lines_kernel: int = 0  # lines with a prefix that proves the kernel wrote them, or that gave an event
 
     def feed(self, line: str) -> KernelEvent | None:
         """One line -> its first event (see :meth:`feed_all` for lines that hold several records)."""
@@ -624,6 +625,7 @@ class KernelLineParser:
                 return []
         ts = self._ts(stamp)
         self._open, self._prev_origin = stamp.origin != BARE, KERNEL
+        self.lines_kernel += stamp.origin == KERNEL
         pieces = [stamp]
         if stamp.program == KERNEL and " kernel: " in stamp.msg:  # records joined into one line
             pieces = [Stamp(p, stamp.ts, None, KERNEL, KERNEL, stamp.rel, stamp.delta, stamp.fields)
@@ -637,6 +639,7 @@ class KernelLineParser:
                 self._last_gpu = normalise_pci(m["pci"])
             if ev is not None:
                 out.append(self._context(ev))
+        self.lines_kernel += bool(out) and stamp.origin == BARE
         return self._count(out)
 
     def _ts(self, stamp: Stamp) -> float:

@@ -3,7 +3,10 @@
 Each path (a file or a sysfs snapshot folder) is sniffed for its format, parsed by
 :mod:`collectors.parsers`, and evaluated by the snapshot rules (thresholds in
 ``detectors/diagnose_rules.yaml``, Xid semantics from NVIDIA's catalog in ``fleethealth.xid``).
-Exit 0 = healthy, 1 = findings, 2 = an input could not be read or parsed (the reason is printed).
+Exit 0 = healthy, 1 = findings, 2 = an input could not be read (the reason is printed), 3 = no evidence
+(nothing in the inputs could show a fault: a vGPU scrape without memory-error fields, a log without kernel
+lines). Inputs: files (gzip detected by content), ``-`` for stdin, folders (walked, each file reported),
+sysfs snapshot folders; a file holding several captures is split (:mod:`collectors.parsers.split`).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
-from collectors.parsers import Parsed, ParseError, load
+from collectors.parsers import Parsed, ParseError, decode_capture, parse_captures, read_source, sysfs_snapshot
+from collectors.parsers.base import coverage
 from detectors.diagnose_gpu import evaluate_gpus, evaluate_xids, make
 from detectors.diagnose_host import evaluate_dram, evaluate_facts, evaluate_net, evaluate_pcie
 from detectors.diagnose_rules import DiagnoseRules, default_rules, load_rules
@@ -30,6 +34,16 @@ class Diagnosis:
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
+    evidence: list[str] | None = None  # what the input could speak to; [] = no evidence (see coverage())
+
+    @property
+    def outcome(self) -> str:
+        """``unreadable``, ``findings``, ``no evidence`` (nothing in it could show a fault) or ``healthy``."""
+        if self.error:
+            return "unreadable"
+        if self.findings:
+            return "findings"
+        return "no evidence" if self.evidence == [] else "healthy"
 
 
 def evaluate(p: Parsed, host: str = "unknown", rules: DiagnoseRules | None = None) -> list[Finding]:
@@ -76,21 +90,79 @@ def _consolidate(found: list[Finding]) -> list[Finding]:
     return list(best.values())
 
 
+MAX_WALK = 10_000  # files read from one folder
+
+
 def diagnose_path(path: Path, host: str | None, rules: DiagnoseRules) -> Diagnosis:
-    d = Diagnosis(str(path))
+    """One input: a capture file (``-`` for stdin; gzip by content), a sysfs snapshot folder, or a
+    folder of captures (walked; its files' findings together; :func:`diagnose_input` reports each)."""
+    ds = diagnose_input(str(path), host, rules)
+    if len(ds) == 1 and ds[0].path == str(path):
+        return ds[0]
+    d = Diagnosis(str(path), format="folder", evidence=[])
+    for x in ds:
+        if x.error:
+            d.warnings.append(f"{x.path}: {x.error}")
+            continue
+        d.findings += x.findings
+        d.evidence = sorted(set(d.evidence or []) | set(x.evidence or []))
+    d.findings = _consolidate(d.findings)
+    return d
+
+
+def diagnose_input(arg: str, host: str | None, rules: DiagnoseRules, stdin: BinaryIO | None = None) -> list[Diagnosis]:
+    """Every capture an argument names: one Diagnosis per file (a folder that is not a sysfs snapshot
+    is walked, in name order, hidden entries skipped)."""
+    p = Path(arg)
+    if arg != "-" and p.is_dir():
+        if sysfs_snapshot.find_sys_root(p) is not None:
+            return [_diagnose_tree(p, host, rules)]
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not any(
+            part.startswith(".") for part in f.relative_to(p).parts))
+        if not files:
+            return [Diagnosis(arg, error="an empty folder (no capture files, no sysfs snapshot)")]
+        out = [_diagnose_file(str(f), host, rules, None) for f in files[:MAX_WALK]]
+        if len(files) > MAX_WALK:
+            out[-1].warnings.append(f"{len(files) - MAX_WALK} more file(s) under {arg} not read")
+        return out
+    return [_diagnose_file(arg, host, rules, stdin)]
+
+
+def _diagnose_tree(p: Path, host: str | None, rules: DiagnoseRules) -> Diagnosis:
+    d = Diagnosis(str(p), format=sysfs_snapshot.FORMAT)
     try:
-        parsed = load(path)
+        parsed = sysfs_snapshot.parse_files(sysfs_snapshot.read_tree(p))
     except ParseError as exc:
         d.error = str(exc)
         return d
-    except (OSError, UnicodeError) as exc:
-        d.error = f"cannot read {path}: {exc}"
+    return _finish(d, [parsed], host, rules)
+
+
+def _diagnose_file(arg: str, host: str | None, rules: DiagnoseRules, stdin: BinaryIO | None) -> Diagnosis:
+    d = Diagnosis(arg)
+    try:
+        text = decode_capture(read_source(arg, stdin), arg)
+    except ParseError as exc:
+        d.error = str(exc)
         return d
-    d.format = parsed.format
-    d.warnings = list(parsed.warnings)
-    if parsed.skipped_lines:
-        d.warnings.append(f"{parsed.skipped_lines} line(s) or value(s) skipped as unparseable")
-    d.findings = evaluate(parsed, host or parsed.sample.host, rules)
+    except OSError as exc:
+        d.error = f"cannot read {arg}: {exc}"
+        return d
+    return _finish(d, parse_captures(text, arg), host, rules)
+
+
+def _finish(d: Diagnosis, parts: list[Parsed], host: str | None, rules: DiagnoseRules) -> Diagnosis:
+    d.format = " + ".join(dict.fromkeys(p.format for p in parts))
+    found: list[Finding] = []
+    covered: set[str] = set()
+    for parsed in parts:
+        d.warnings += parsed.warnings
+        if parsed.skipped_lines:
+            d.warnings.append(f"{parsed.skipped_lines} line(s) or value(s) skipped as unparseable")
+        found += evaluate(parsed, host or parsed.sample.host, rules)
+        covered |= set(coverage(parsed))
+    d.findings = _consolidate(found)
+    d.evidence = sorted(covered)
     return d
 
 
@@ -113,8 +185,10 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
         print(f"{d.path}: UNREADABLE: {d.error}", file=out)
         return
     head = f"{d.path} [{d.format}]"
-    if not d.findings:
-        print(f"{head}: healthy", file=out)
+    if d.outcome == "no evidence":
+        print(f"{head}: no evidence (nothing in it could show a fault; not a clean bill of health)", file=out)
+    elif not d.findings:
+        print(f"{head}: healthy ({', '.join(d.evidence or []) or 'what it shows'})", file=out)
     for f in sorted(d.findings, key=lambda x: (x.failure_mode, x.component)):
         ev = f.evidence[0] if f.evidence else None
         print(f"{head}: {f.failure_mode} on {f.component} ({f.severity}, confidence {f.confidence:.2f})", file=out)
@@ -129,26 +203,38 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
         print(f"    note:     {w}", file=out)
 
 
+EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREADABLE, EXIT_NO_EVIDENCE = 0, 1, 2, 3
+
+
 def run(paths: list[str], *, as_json: bool = False, host: str | None = None, rules_path: str | None = None,
-        out: TextIO | None = None, err: TextIO | None = None) -> int:
+        out: TextIO | None = None, err: TextIO | None = None, stdin: BinaryIO | None = None) -> int:
+    """Exit status: 2 when an input could not be read, else 1 when anything was found, else 3 when
+    an input held no evidence (nothing in it could show a fault), else 0."""
     out = out or sys.stdout
     err = err or sys.stderr
     rules = load_rules(Path(rules_path)) if rules_path else default_rules()
-    worst = 0
-    for p in paths:
-        d = diagnose_path(Path(p), host, rules)
-        if d.error:
-            print(f"fleethealth diagnose: {d.path}: {d.error}", file=err)
-            worst = 2
-            continue
-        if as_json:
-            for f in d.findings:
-                print(json.dumps(to_json(d, f), sort_keys=True), file=out)
-        else:
-            render_text(d, out)
-        if d.findings and worst == 0:
-            worst = 1
-    return worst
+    outcomes: set[str] = set()
+    for arg in paths:
+        for d in diagnose_input(arg, host, rules, stdin):
+            outcomes.add(d.outcome)
+            if d.error:
+                print(f"fleethealth diagnose: {d.path}: {d.error}", file=err)
+                continue
+            if as_json:
+                for f in d.findings:
+                    print(json.dumps(to_json(d, f), sort_keys=True), file=out)
+                if not d.findings:
+                    print(json.dumps({"file": d.path, "format": d.format, "outcome": d.outcome,
+                                      "evidence": d.evidence or []}, sort_keys=True), file=out)
+            else:
+                render_text(d, out)
+    if "unreadable" in outcomes:
+        return EXIT_UNREADABLE
+    if "findings" in outcomes:
+        return EXIT_FINDINGS
+    if "no evidence" in outcomes:
+        return EXIT_NO_EVIDENCE
+    return EXIT_HEALTHY
 
 
 def _handler(args: Any) -> int:
@@ -162,9 +248,13 @@ def register_diagnose(sub: Any) -> None:
                     "dcgm-exporter scrapes, kernel logs, mcelog / ras-mc-ctl, ibstat / ibstatus / perfquery / "
                     "ibqueryerrors / ibnetdiscover, ethtool, lspci -vvv, sysfs snapshot folders), detect each "
                     "format from its content, and print every finding: failure mode, component, evidence "
-                    "line, NVIDIA's bucket where a Xid is involved, recommended action. "
-                    "Exit 0 healthy, 1 findings, 2 unreadable input.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="capture files or sysfs snapshot folders")
+                    "line, NVIDIA's bucket where a Xid is involved, recommended action. A file holding several "
+                    "captures (a bug report, a pasted session) is split; text in no known format is read for "
+                    "kernel lines; gzip is detected by content; a folder is walked and each file reported; "
+                    "'-' reads standard input. Exit 0 healthy, 1 findings, 2 an input could not be read, "
+                    "3 no evidence (nothing in the input could show a fault: not the same as healthy).")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="capture files (gzip or not), folders of them, sysfs snapshot folders, or - for stdin")
     flag(p, "--json", action="store_true", help="one JSON object per finding per line")
     flag(p, "--host", metavar="NAME", help="host name to put in findings (default: unknown)")
     flag(p, "--rules", metavar="FILE", env="FLEETHEALTH_DIAGNOSE_RULES",

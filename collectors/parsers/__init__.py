@@ -12,8 +12,12 @@ Formats: see :data:`PARSERS` (``nvidia-smi-q``, ``nvidia-smi-xml``, ``nvidia-smi
 
 from __future__ import annotations
 
+import gzip
+import io
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from collectors.parsers import (
     dcgm,
@@ -27,6 +31,7 @@ from collectors.parsers import (
     nvsmi_text,
     nvsmi_xml,
     prom,
+    split,
     sysfs_snapshot,
 )
 from collectors.parsers.base import Fact, GpuInfo, Parsed, ParseError
@@ -50,12 +55,14 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
     "ib-counter-dump": infiniband.parse_counter_dump,
     "ethtool-stats": ethtool.parse_stats,
     "ethtool-settings": ethtool.parse_settings,
+    "ethtool-info": ethtool.parse_info,
     "kernel-log": kernel.parse,
     "mcelog": mce.parse_mcelog,
     "ras-mc-ctl": mce.parse_ras_mc_ctl,
     "lspci-vvv": lspci.parse,
 }
 MAX_BYTES = 64 << 20
+_WANTS_COMMAND = {"ethtool-stats"}  # parsers that read the device from the command line above the output
 
 
 def parse_text(text: str, fmt: str | None = None, path: str | None = None) -> Parsed:
@@ -68,18 +75,85 @@ def parse_text(text: str, fmt: str | None = None, path: str | None = None) -> Pa
 
 
 def load(path: Path | str, fmt: str | None = None) -> Parsed:
-    """Read a capture file (or a sysfs snapshot folder) and parse it. The only I/O in this package
-    besides :func:`sysfs_snapshot.read_tree`. Raises ParseError or OSError."""
+    """Read a capture file (or a sysfs snapshot folder) and parse it as ONE capture. The only I/O in
+    this package besides :func:`sysfs_snapshot.read_tree` and :func:`read_source`. Raises ParseError
+    or OSError."""
     p = Path(path)
     if p.is_dir():
         return sysfs_snapshot.parse_files(sysfs_snapshot.read_tree(p))
-    with p.open("rb") as fh:
-        data = fh.read(MAX_BYTES + 1)
+    return parse_text(decode_capture(read_source(str(p)), str(p)), fmt, str(p))
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_source(path: str, stdin: BinaryIO | None = None) -> bytes:
+    """The bytes of a capture: a file, or standard input for ``-``; at most :data:`MAX_BYTES` (after
+    gzip decompression, which is detected by content, never by the file name). Raises ParseError
+    for a file over the limit, OSError when it cannot be read."""
+    if path == "-":
+        src = stdin if stdin is not None else sys.stdin.buffer
+        data = src.read(MAX_BYTES + 1)
+    else:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    if data[:2] == GZIP_MAGIC:
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+                data = gz.read(MAX_BYTES + 1)
+        except (OSError, EOFError) as exc:
+            raise ParseError("load", f"{path} starts like gzip but does not decompress: {exc}") from None
     if len(data) > MAX_BYTES:
-        raise ParseError("load", f"{p} is larger than {MAX_BYTES >> 20} MiB")
+        raise ParseError("load", f"{path} is larger than {MAX_BYTES >> 20} MiB")
+    return data
+
+
+def decode_capture(data: bytes, path: str) -> str:
+    """Captured text from bytes; NUL bytes in the first 64 KiB mean a binary file (ParseError)."""
     if b"\x00" in data[:65536]:
-        raise ParseError("load", f"{p} is binary, not captured text")
-    return parse_text(data.decode("utf-8", "replace"), fmt, str(p))
+        raise ParseError("load", f"{path} is binary, not captured text")
+    return data.decode("utf-8", "replace")
 
 
-__all__ = ["PARSERS", "Fact", "GpuInfo", "ParseError", "Parsed", "detect_format", "load", "parse_text"]
+def parse_captures(text: str, path: str | None = None) -> list[Parsed]:
+    """Every capture in ``text`` (a bundle or a pasted session is split: :mod:`split`), each parsed
+    as the format its content (or, failing that, its command line) says. Text no parser claims is
+    read by the kernel-line reader, so text that holds kernel lines is never unreadable. Never
+    raises ParseError; what was odd is in each part's ``warnings``."""
+    out = []
+    for part in split.split_captures(text):
+        p = _parse_part(part, path)
+        if part.title:
+            p.warnings.insert(0, f"capture {part.title!r}")
+        out.append(p)
+    return out or [kernel.parse(text, lenient=True)]
+
+
+def _parse_part(part: split.Part, path: str | None) -> Parsed:
+    notes: list[str] = []
+    try:
+        found: str | None = detect_format(part.text, path)
+    except ParseError:
+        found = None
+    order: list[str | None] = [found] if found and found != kernel.FORMAT else []
+    order += [part.hint, found]
+    tried: list[str] = []
+    for fmt in order:
+        if not fmt or fmt in tried or fmt not in PARSERS:
+            continue
+        tried.append(fmt)
+        text = f"{part.title}\n{part.text}" if part.title and fmt in _WANTS_COMMAND else part.text
+        try:
+            return PARSERS[fmt](text)
+        except ParseError as exc:
+            notes.append(str(exc))
+    p = kernel.parse(part.text, lenient=True)
+    if kernel.FORMAT not in tried:
+        p.format = f"{kernel.FORMAT} (fallback)"
+        notes.append("no known tool format; read for kernel lines")
+    p.warnings[:0] = notes
+    return p
+
+
+__all__ = ["PARSERS", "Fact", "GpuInfo", "ParseError", "Parsed", "decode_capture", "detect_format", "load",
+           "parse_captures", "parse_text", "read_source"]

@@ -68,6 +68,46 @@ class Parsed:
     facts: list[Fact] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     skipped_lines: int = 0  # lines a lenient parser dropped (counted, never fatal)
+    kernel_lines: int = 0  # lines the kernel-line reader proved the kernel's (a kernel prefix or an event)
+
+
+def coverage(p: Parsed) -> list[str]:
+    """What a parsed capture can speak to (``gpu``, ``gpu-memory``, ``xid``, ``pcie``, ``nvlink``,
+    ``thermal``, ``network``, ``host-memory``, ``kernel-log``, ``tool-report``). Empty: the capture
+    holds no value any rule could fire on — "no evidence", which is not "healthy"."""
+    out: set[str] = set()
+    s = p.sample
+    for g in s.gpus:
+        if not g.present or g.nvml_error:
+            out.add("gpu")
+        if _any_value(g.ecc) or _any_value(g.remapped_rows) or _any_value(g.retired_pages):
+            out.add("gpu-memory")
+        if g.xids:
+            out.add("xid")
+        if _any_value(g.pcie):
+            out.add("pcie")
+        if g.nvlink is not None and any(getattr(g.nvlink, f) for f in g.nvlink.__struct_fields__):
+            out.add("nvlink")
+        if g.temperature_c is not None or g.clocks_event_reasons is not None:
+            out.add("thermal")
+    for info in p.gpu_info.values():
+        if info.throttle or info.temp_slowdown_c is not None or info.tlimit_c is not None:
+            out.add("thermal")
+    if s.net_ports:
+        out.add("network")
+    if s.aer:
+        out.add("pcie")
+    if s.edac:
+        out.add("host-memory")
+    if s.kernel_events or p.kernel_lines:
+        out.add("kernel-log")
+    if any(f.kind != "gpu_uuid" for f in p.facts):
+        out.add("tool-report")
+    return sorted(out)
+
+
+def _any_value(obj: Any) -> bool:
+    return obj is not None and any(getattr(obj, f) is not None for f in obj.__struct_fields__)
 
 
 def empty_sample(**kw: Any) -> Sample:

@@ -7,27 +7,47 @@ import re
 from collectors.parsers.base import Fact, Parsed, ParseError, new_parsed, to_count, to_number
 from fleethealth.schema import NetPort
 
-_STAT = re.compile(r"^\s+(?P<k>[\w\[\]./-]+): (?P<v>-?\d+)\s*$")
+_STAT = re.compile(r"^\s*(?P<k>[\w\[\]./-]{1,256}): (?P<v>-?\d{1,24})\s*$")
 _SETTINGS = re.compile(r"^Settings for (?P<dev>\S+?):\s*$")
 _KV = re.compile(r"^\s+(?P<k>[A-Za-z][\w -]*?):\s*(?P<v>.*)$")
+_CMD = re.compile(r"(?:^|[\s#$])ethtool\s+(?:-S|--statistics)\s+(?P<dev>[\w.:@-]{1,64})")
 
 
 def parse_stats(text: str, device: str = "eth") -> Parsed:
+    """``ethtool -S DEV`` whole (``NIC statistics:`` then ``name: value`` lines) or filtered (``| grep
+    err``: no header, perhaps the command line on top, which names the device)."""
     out = new_parsed("ethtool-stats")
     lines = text.splitlines()
-    if not any(line.startswith("NIC statistics") for line in lines[:5]):
-        raise ParseError("ethtool-stats", "no 'NIC statistics:' header")
-    port = NetPort(device=device, port=1, link_layer="Ethernet")
-    for line in lines:
-        m = _STAT.match(line)
-        if m is None:
-            continue
+    head = [ln for ln in lines[:5] if ln.strip()]
+    for line in head[:2]:
+        if (c := _CMD.search(line)) is not None:
+            device = c["dev"]
+    stats = [m for m in map(_STAT.match, lines) if m is not None]
+    body = [ln for ln in lines if ln.strip() and not ln.startswith("NIC statistics") and not _CMD.search(ln)]
+    if not any(line.startswith("NIC statistics") for line in head) and (not stats or len(stats) * 2 < len(body)):
+        raise ParseError("ethtool-stats", "no 'NIC statistics:' header and too few 'name: value' lines")
+    port = NetPort(device=device[:256], port=1, link_layer="Ethernet")
+    for m in stats:
         v = to_count(m["v"])
         if v is None:
             out.skipped_lines += 1
             continue
         port.counters[m["k"][:256]] = v
     out.sample.net_ports.append(port)
+    return out
+
+
+def parse_info(text: str) -> Parsed:
+    """``ethtool -i DEV``: driver, firmware and PCI address of a NIC (a fact; no counters)."""
+    out = new_parsed("ethtool-info")
+    kv: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip() in ("driver", "version", "firmware-version", "bus-info"):
+            kv[k.strip()] = v.strip()[:256]
+    if "driver" not in kv or "bus-info" not in kv:
+        raise ParseError("ethtool-info", "no 'driver:' and 'bus-info:' lines")
+    out.facts.append(Fact("nic_info", kv["bus-info"], dict(kv), f"driver: {kv['driver']}"))
     return out
 
 
@@ -56,4 +76,4 @@ def parse_settings(text: str) -> Parsed:
     return out
 
 
-__all__ = ["parse_stats", "parse_settings", "to_count"]
+__all__ = ["parse_info", "parse_settings", "parse_stats", "to_count"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from collectors.kernel_log import KernelLineParser, split_prefix
+from collectors.kernel_log import MAX_LINE, KernelLineParser, split_prefix
 from collectors.parsers import mce
 from collectors.parsers.base import Fact, Parsed, ParseError, new_parsed, pci_norm
 from fleethealth.schema import MAX_EVENTS
@@ -25,7 +25,9 @@ _CAUSED_BY = re.compile(r"caused by previous Xid (?P<xid>\d+)", re.I)
 _GPU_UUID = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 
 
-def parse(text: str) -> Parsed:
+def parse(text: str, *, lenient: bool = False) -> Parsed:
+    """A kernel log in any prefix format. ``lenient``: never raise, even when no line is the kernel's
+    (the fallback for text no other parser claims)."""
     out = new_parsed(FORMAT)
     kp = KernelLineParser(default_ts=0.0)
     aer_ctx: dict[str, tuple[str, str]] = {}  # pci -> (severity, layer) of the last bus-error header
@@ -62,7 +64,12 @@ def parse(text: str) -> Parsed:
         elif mce.is_mce_line(line):  # a prefix split that ate the "EDAC MCn:" tag: keep the raw line
             mce_lines.append(line.strip())
     out.facts.extend(mce.decode_kernel_mce(mce_lines))
-    if matched == 0 and not out.facts and not _looks_like_log(text):
+    out.kernel_lines = kp.lines_kernel
+    if kp.lines_foreign:
+        out.warnings.append(f"{kp.lines_foreign} line(s) logged by other programs were not read as kernel lines")
+    if kp.lines_cut:
+        out.warnings.append(f"{kp.lines_cut} line(s) over {MAX_LINE} characters were cut")
+    if not lenient and matched == 0 and not out.facts and not _looks_like_log(text):
         raise ParseError(FORMAT, "no line has a kernel-log prefix or a known kernel message")
     return out
 

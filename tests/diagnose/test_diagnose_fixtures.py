@@ -66,8 +66,8 @@ def test_json_lines_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture
     assert run([str(FIX / "v100-q-old-ecc-layout-healthy.txt")]) == 0
     bad = tmp_path / "garbage.txt"
     bad.write_text("hello world\nnothing to see\n")
-    assert run([str(bad)]) == 2
-    assert "unrecognised format" in capsys.readouterr().err
+    assert run([str(bad)]) == 3  # no known format, no kernel line: no evidence (not unreadable, not healthy)
+    assert "no evidence" in capsys.readouterr().out
     assert run([str(tmp_path / "missing.txt")]) == 2
 
 
