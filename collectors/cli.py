@@ -55,6 +55,11 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--spool-max-mb", type=float, default=256.0, help="spool bound; past it the oldest samples drop")
     flag(p, "--nvml-timeout", type=float, default=2.0, help="deadline for one GPU's NVML reads, seconds")
     flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port on 127.0.0.1 (0 disables)")
+    p.add_argument("--source", action="append", default=[], metavar="KIND=URL",
+                   help="scrape a local exporter instead of a builtin reader, repeatable: dcgm-exporter=URL "
+                        "(GPUs, instead of NVML), node-exporter=URL (InfiniBand ports, EDAC, boot id, instead "
+                        "of the sysfs readers) [env: FLEETHEALTH_SOURCE, comma-separated]")
+    flag(p, "--scrape-timeout", type=float, default=5.0, help="deadline of one --source scrape, seconds")
     flag(p, "--sim-gpus", type=int, default=8, help="GPUs on the simulated host")
     flag(p, "--sim-seed", type=int, default=0, help="seed of the simulated host")
     p.add_argument("--inject", action="append", default=[], metavar="MODE[@GPU]",
@@ -98,6 +103,10 @@ def run_collect(args: argparse.Namespace) -> int:
     state_dir = args.state_dir
     sysfs, proc, kmsg = args.sysfs_root, args.proc_root, args.kmsg_file
     nvml: Any
+    specs = _source_specs(args)
+    if args.simulate and specs:
+        raise UserError("--source scrapes a real exporter; it does not combine with --simulate")
+    sources = [spec for spec in specs if spec[0] == "dcgm-exporter"]
     if args.simulate:
         from collectors.sim_nvml import SimNvml
         from collectors.simhost import build_sim_host
@@ -108,6 +117,10 @@ def run_collect(args: argparse.Namespace) -> int:
         nvml = SimNvml(args.sim_gpus, seed=args.sim_seed, host=args.host)
         expected = args.expected_gpus or args.sim_gpus
         _inject(args, nvml, paths["sys"])
+    elif sources:
+        nvml, expected = None, args.expected_gpus  # dcgm-exporter stands in for NVML
+        if args.inject or os.environ.get("FLEETHEALTH_INJECT"):
+            raise UserError("--inject needs --simulate (faults go into the simulated host)")
     else:
         if args.inject or os.environ.get("FLEETHEALTH_INJECT"):
             raise UserError("--inject needs --simulate (faults go into the simulated host)")
@@ -127,7 +140,12 @@ def run_collect(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"cannot create --state-dir {settings.state_dir}: {exc}") from exc
     metrics = SampleMetrics(load_catalog())
-    collector = Collector(settings, sink=_sink(args.sink, args.topic), nvml=nvml, on_sample=metrics.update)
+    from collectors.prom_source import PromScrapeSource
+
+    scrapers = [PromScrapeSource(kind, url, timeout=args.scrape_timeout, state_dir=settings.state_dir)
+                for kind, url in specs]
+    collector = Collector(settings, sink=_sink(args.sink, args.topic), nvml=nvml, on_sample=metrics.update,
+                          sources=scrapers)
     metrics.stats_fn = lambda: _stats(collector)
     server = start_exporter(metrics, 0 if args.once else args.exporter_port)
     stop = threading.Event()
@@ -154,6 +172,22 @@ def run_collect(args: argparse.Namespace) -> int:
         log.warning("samples left in the spool; they are sent on the next start", extra={"spooled": left})
     log.info("collector stopped", extra={"polls": collector.stats.polls, "next_seq": collector.seq})
     return 0 if ok or not args.once else 3
+
+
+def _source_specs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    from collectors.prom_source import parse_source_spec
+
+    raw = [*args.source, *(x for x in os.environ.get("FLEETHEALTH_SOURCE", "").split(",") if x.strip())]
+    out = []
+    for spec in raw:
+        try:
+            out.append(parse_source_spec(spec.strip()))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    kinds = [k for k, _ in out]
+    if len(kinds) != len(set(kinds)):
+        raise UserError("--source: one dcgm-exporter and one node-exporter at most")
+    return out
 
 
 def _stats(c: Any) -> dict[str, Any]:

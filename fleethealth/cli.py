@@ -42,6 +42,7 @@ PLUGINS = (
     "remediation.cli",
     "dashboards.cli",
     "fleethealth.pipeline",
+    "fleetcli.prom_import",
 )
 
 USER_ERRORS = (ConfigError, ContractError, BusError, XidTableError, UnknownFailureMode, FleetHealthError)

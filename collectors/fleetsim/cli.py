@@ -73,7 +73,9 @@ def register(sub: Any) -> None:
     flag(r, "--limit", type=int, default=None, help="stop after N samples")
     flag(r, "--score", action="store_true", help="run the detectors and print the scorecard")
     flag(r, "--json", action="store_true", help="print the result as JSON")
-    flag(r, "--report", metavar="DIR", default=None, help="write an HTML report here (with --score)")
+    flag(r, "--report", metavar="DIR", default=None,
+         help="write an HTML report here: the scorecard with --score; without it (no ground truth needed) "
+              "every incident that would have been raised, when and on which component")
     flag(r, "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_replay)
 
@@ -115,6 +117,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ImportError as exc:
             raise UserError(f"scoring not installed (detectors.scoring.score_replay is missing: {exc})") from None
         return int(score_replay(path, args))
+    if args.report:  # no ground truth needed: what would have been raised, when, where
+        from detectors.backtest import backtest, format_text  # type: ignore[import-not-found]
+
+        with _bar(None, args.quiet, "samples") as bar:
+            res, eps, page = backtest(path, Path(args.report), progress=bar.update)
+        if args.json:
+            print(json.dumps({"samples": res.samples, "hosts": len(res.hosts), "invalid": res.invalid,
+                              "incidents": [e.as_dict() for e in eps], "report": str(page)}, sort_keys=True))
+        else:
+            print(format_text(res, eps))
+            print(f"report: {page}")
+        return 0
     from fleethealth.config import load_config, open_bus
 
     from .replay import replay_file
