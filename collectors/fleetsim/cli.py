@@ -13,6 +13,9 @@ from fleethealth.bus import TELEMETRY
 from fleethealth.cliutil import flag
 from fleethealth.errors import UserError
 
+# the simulator's scenarios (plan.SCENARIOS; a literal here keeps --help free of numpy imports)
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases")
+
 SIM_HELP = """\
 Write a labelled synthetic fleet recording: N hosts (8 H100-like GPUs with 18 NVLinks, 8 NDR
 InfiniBand ports mlx5_0..7, 16 DIMMs on 8 EDAC controllers; 32 hosts per rack), one contract
@@ -56,8 +59,8 @@ def register(sub: Any) -> None:
     flag(p, "--fault-rate", type=float, default=1.0, help="multiplier on the default (Llama 3-derived) fault rates")
     flag(p, "--min-per-mode", type=int, default=0,
          help="top every failure mode up to at least this many faults (when --fault-rate > 0)")
-    flag(p, "--scenario", default="default", choices=["default", "flapping-cable", "sbe-storm-no-uce", "driver-update"],
-         help="hard case to add")
+    flag(p, "--scenario", default="default", choices=list(SCENARIOS),
+         help="hard case to add (hard-cases: marginal counter faults beside near-limit healthy noise)")
     flag(p, "--out", required=True, metavar="PATH", help="output .jsonl or .jsonl.gz")
     flag(p, "--gzip-level", type=int, default=1, choices=range(10), metavar="0-9",
          help="gzip level for .jsonl.gz: 1 = fastest (default), 6 = ~40%% smaller at ~2.5x the CPU")

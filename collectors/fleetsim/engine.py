@@ -17,6 +17,7 @@ import numpy as np
 
 from . import fastpath, klog
 from .faults import KIND, Ctx, Fault, inject
+from .limits import noise_rate_per_hour, per_poll
 from .plan import RunSpec, component_of, expected_faults, plan_faults
 from .state import HostState
 from .timeline import Timeline
@@ -71,7 +72,7 @@ class Simulation:
         self.specs = build_fleet(spec.hosts)
         H, T, iv = spec.hosts, spec.ticks, spec.interval_s
         self.tl = Timeline(T)
-        self.ctx = Ctx(self.tl, self.specs, spec.start_ts, iv, r_fx)
+        self.ctx = Ctx(self.tl, self.specs, spec.start_ts, iv, r_fx, scenario=spec.scenario)
         # --- fleet identity and initial state (mid-life: up for days, counters already nonzero)
         self.hosts: list[HostState] = []
         lam_ce = np.where(r_fleet.random((H, GPUS_PER_HOST)) < 0.15,
@@ -143,9 +144,9 @@ class Simulation:
         for _ in range(count("reboot", 1 / 20)):  # a clean reboot every ~20 days per host
             if (p := place("reboot", c.ticks(600))) is not None:
                 self._quiet_reboot(*p, c.ticks(float(rng.uniform(180, 480))))
-        for _ in range(count("maintenance", 1 / 15)):  # planned work: quiet 10-30 min
-            if (p := place("maintenance", c.ticks(2400))) is not None:
-                self._quiet_reboot(*p, c.ticks(float(rng.uniform(600, 1800))))
+        for _ in range(count("maintenance", 1 / 15)):  # planned work: quiet 10-44 min (POST, firmware)
+            if (p := place("maintenance", c.ticks(3000))) is not None:
+                self._quiet_reboot(*p, c.ticks(float(rng.uniform(600, 2640))))
         for _ in range(count("driver_reload", 1 / 30)):
             if (p := place("driver_reload", 1)) is not None:
                 tl.at(p[1], p[0], _driver_reload)
@@ -160,6 +161,28 @@ class Simulation:
         for _ in range(count("edac_ce", 1 / 10)):  # a single corrected DIMM error
             if (p := place("edac_ce", 1)) is not None:
                 tl.at(p[1], p[0], _lone_ce(int(rng.integers(0, 16)), int(rng.integers(0x100000, 0xFFFFFF))))
+        # Healthy but busy parts, just under the operating limits (limits.py): steady corrected
+        # errors on an HBM stack, symbol errors on a long cable, replays on a riser, DIMM CEs, NVLink
+        # CRC retries. They must stay healthy; a threshold at 0.3x its value flags them.
+        boost = 8.0 if spec.scenario == "hard-cases" else 1.0
+        for name, per_day, kind in (("hbm_ce", 1 / 8, "gpu"), ("ib_symbol_errors", 1 / 8, "port"),
+                                    ("pcie_replays", 1 / 10, "gpu"), ("dimm_ce", 1 / 10, "dimm"),
+                                    ("nvlink_crc", 1 / 10, "gpu")):
+            for _ in range(count(f"near_limit_{name}", per_day * boost)):
+                span = c.ticks(float(rng.uniform(3, 12)) * 3600)
+                if (p := place(f"near_limit_{name}", span)) is not None:
+                    unit = int(rng.integers(0, {"gpu": GPUS_PER_HOST, "port": PORTS_PER_HOST, "dimm": 16}[kind]))
+                    lam = per_poll(noise_rate_per_hour(name, rng), spec.interval_s)
+                    tl.during(p[1], p[1] + span, p[0], _steady(name, unit, lam, int(rng.integers(0, 18))))
+        # An old port whose 16-bit SymbolErrorCounter saturated long ago: pinned at 65535 from the
+        # first sample on, it never moves (PortCounters saturate; they do not wrap).
+        n_sat = int(rng.binomial(spec.hosts, 0.05))
+        self.benign["saturated_counter"] = n_sat
+        for h in rng.choice(spec.hosts, size=n_sat, replace=False) if n_sat else ():
+            tl.at(0, int(h), _saturate(int(rng.integers(0, PORTS_PER_HOST))))
+        for _ in range(count("noisy_driver_line", 1 / 4)):  # "ERROR" lines of other drivers
+            if (p := place("noisy_driver_line", 1)) is not None:
+                tl.at(p[1], p[0], _noisy_line(int(rng.integers(0, len(NOISY_LINES)))))
         if spec.scenario == "driver-update":
             self._driver_update(rng)
 
@@ -362,4 +385,55 @@ def _lone_ce(d: int, page: int) -> Callable[[HostState, float], None]:
         mc, label = hs.spec.dimms[d]
         hs.add_edac(d, ce=1)
         hs.events.append(klog.edac(ts, hs.uptime(ts), mc, label, "CE", 1, page))
+    return fn
+
+
+def _steady(name: str, unit: int, per_poll_n: float, link: int) -> Callable[[HostState, float, int], None]:
+    """A benign counter that climbs at a steady rate (no Poisson bursts: it stays under the limit)."""
+    acc = [0.0]
+
+    def step(hs: HostState, ts: float, k: int) -> None:
+        acc[0] += per_poll_n
+        n = int(acc[0])
+        if not n:
+            return
+        acc[0] -= n
+        if name == "hbm_ce":
+            hs.gpus[unit].add_ecc(0, n)
+        elif name == "ib_symbol_errors":
+            hs.ports[unit].bump("symbol_error", n)
+        elif name == "pcie_replays":
+            hs.gpus[unit].replay += n
+            hs.gpus[unit].dirty = True
+        elif name == "dimm_ce":
+            hs.add_edac(unit, ce=n)
+        elif name == "nvlink_crc":
+            gs = hs.gpus[unit]
+            gs.nvl[1][link] += n  # crc_data
+            gs.nvl[0][link] += 5 * n  # crc_flit
+            gs.dirty = True
+    return step
+
+
+def _saturate(p: int) -> Callable[[HostState, float], None]:
+    def fn(hs: HostState, ts: float) -> None:
+        port = hs.ports[p]
+        port.bump("symbol_error", max(0, 65535 - port.counters.get("symbol_error", 0)))
+    return fn
+
+
+# Kernel lines real healthy hosts log that contain "error"/"ERROR" and mean nothing for the GPUs.
+NOISY_LINES = (
+    "ACPI Error: No handler for Region [SYSI] (00000000a1b2c3d4) [IPMI] (20230628/evregion-130)",
+    "ipmi_si IPI0001:00: Could not set the global enables: 0xcc",
+    "ERST: Error Record Serialization Table (ERST) support is initialized.",
+    "EDAC sbridge: Seeking for: PCI ID 8086:0ec8",
+    "nvme nvme0: 64/0/0 default/read/poll queues",
+    "usb 1-1.4: device descriptor read/64, error -71",
+)
+
+
+def _noisy_line(i: int) -> Callable[[HostState, float], None]:
+    def fn(hs: HostState, ts: float) -> None:
+        hs.events.append(klog.plain(ts, hs.uptime(ts), NOISY_LINES[i]))
     return fn

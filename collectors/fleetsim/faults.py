@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import klog
+from .limits import fault_rate_per_hour, per_poll
 from .state import CLK_HW_SLOWDOWN, CLK_HW_THERMAL, CLK_SW_THERMAL, HostState
 from .timeline import Timeline
 from .topology import NDR_GBPS, HostSpec, make_boot_id, make_uuid
@@ -45,6 +46,7 @@ class Ctx:
     # GPU swaps done at run time: (host, gpu slot, tick, the new board's UUID). A later fault on that
     # slot is on the new board: the ground truth names it (Simulation.truth_records).
     swaps: list[tuple[int, int, int, str]] = field(default_factory=list)
+    scenario: str = "default"
 
     def ticks(self, seconds: float) -> int:
         return max(1, int(round(seconds / self.interval)))
@@ -259,15 +261,16 @@ def sram_uce(c: Ctx, f: Fault) -> None:
 def sbe_storm(c: Ctx, f: Fault) -> None:
     g = f.gpu
     assert g is not None
-    lam = float(np.exp(c.rng.uniform(np.log(20), np.log(300))))
-    xid92 = bool(c.rng.random() < 0.5)
+    rate, mult = fault_rate_per_hour("hbm_ce", c.rng)
+    lam = per_poll(rate, c.interval)
+    xid92 = bool(c.rng.random() < 0.5) and mult > 4  # the driver reports Xid 92 for a heavy storm only
 
     def step(hs: HostState, ts: float, k: int) -> None:
         hs.gpus[g].add_ecc(0, int(c.rng.poisson(lam)))
         if xid92 and k % 120 == 0:
             emit_xid(hs, ts, g, 92)
 
-    f.notes.append(f"DRAM CE ~{lam:.0f} per poll" + ("; Xid 92" if xid92 else ""))
+    f.notes.append(f"DRAM CE ~{rate:.0f}/h ({mult:.1f}x the limit)" + ("; Xid 92" if xid92 else ""))
     c.tl.during(f.onset_tick, f.end_tick, f.host, step)
 
 
@@ -293,23 +296,33 @@ def nvlink_error(c: Ctx, f: Fault) -> None:
     g = f.gpu
     assert g is not None
     links = sorted({int(x) for x in c.rng.integers(0, 18, size=int(c.rng.integers(1, 3)))})
-    lam = float(c.rng.uniform(5, 200))
-    goes_down = bool(c.rng.random() < 0.3)
+    rate, mult = fault_rate_per_hour("nvlink_crc", c.rng)
+    lam = per_poll(rate, c.interval)
+    # A marginal link's errors are retried by the link layer: counters climb, no Xid, no retrain.
+    # Only a link well past the limit raises Xid 74, retrains (recovery counter) or drops out.
+    severe = mult > 4
+    goes_down = severe and bool(c.rng.random() < 0.3)
+    lam_rec = per_poll(3.0, c.interval) if severe else 0.0
 
     def step(hs: HostState, ts: float, k: int) -> None:
         gs = hs.gpus[g]
         for link in links:
-            gs.nvl[0][link] += int(c.rng.poisson(lam))
-            gs.nvl[1][link] += int(c.rng.poisson(lam / 10))
-            gs.nvl[2][link] += int(c.rng.poisson(lam / 4))
-            gs.nvl[3][link] += int(c.rng.poisson(0.05))
+            # nvl rows: crc_flit, crc_data, replay, recovery. Every data CRC error is also a flit
+            # CRC error, and most flit errors are retried (replays).
+            gs.nvl[0][link] += int(c.rng.poisson(lam * 5))
+            gs.nvl[1][link] += int(c.rng.poisson(lam))
+            gs.nvl[2][link] += int(c.rng.poisson(lam / 2))
+            if lam_rec:
+                gs.nvl[3][link] += int(c.rng.poisson(lam_rec))
         if goes_down and k == 3:
             gs.nvl_active[links[0]] = False
         gs.dirty = True
-        if k == 0 or (k % 60 == 0 and c.rng.random() < 0.5):
+        if severe and (k == 0 or (k % 60 == 0 and c.rng.random() < 0.5)):
             emit_xid(hs, ts, g, 74, text=f"NVLink: fatal error detected on link {links[0]}(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)")
 
-    f.notes.append(f"links {links}: CRC/replay counters rising; Xid 74" + ("; first link inactive" if goes_down else ""))
+    f.notes.append(f"links {links}: CRC ~{rate:.0f}/h ({mult:.1f}x the limit)"
+                   + ("; Xid 74, recoveries" if severe else "; marginal: counters only")
+                   + ("; first link inactive" if goes_down else ""))
     c.tl.during(f.onset_tick, f.end_tick, f.host, step)
     gpu_reset(c, f, f.end_tick)
 
@@ -355,6 +368,12 @@ def pcie_degraded(c: Ctx, f: Fault) -> None:
     g = f.gpu
     assert g is not None
 
+    rate, mult = fault_rate_per_hour("pcie_replays", c.rng)
+    lam = per_poll(rate, c.interval)
+    # A bad riser or connector first shows as replays (the data link layer re-sends TLPs); the link
+    # retrains to a narrower width only once it is well past the limit.
+    narrows = mult > 4 and bool(c.rng.random() < 0.7)
+
     def on(hs: HostState, ts: float) -> None:
         hs.gpus[g].width = 8
         hs.gpus[g].dirty = True
@@ -362,13 +381,16 @@ def pcie_degraded(c: Ctx, f: Fault) -> None:
 
     def step(hs: HostState, ts: float, k: int) -> None:
         gs = hs.gpus[g]
-        gs.replay += int(c.rng.poisson(40))
+        gs.replay += int(c.rng.poisson(lam))
+        gs.dirty = True
         if c.rng.random() < 0.2:
             hs.add_aer(g, "corrected", "Timeout", int(c.rng.integers(1, 5)))
             hs.events.extend(klog.aer(ts, hs.uptime(ts), gs.spec, "corrected", 0))
 
-    f.notes.append("x16 -> x8, replay counter rising, corrected AER (Replay Timer Timeout)")
-    c.tl.at(f.onset_tick, f.host, on)
+    f.notes.append(f"replays ~{rate:.0f}/h ({mult:.1f}x the limit), corrected AER (Replay Timer Timeout)"
+                   + ("; x16 -> x8" if narrows else ""))
+    if narrows:
+        c.tl.at(f.onset_tick, f.host, on)
     c.tl.during(f.onset_tick, f.end_tick, f.host, step)
     reboot_after_quiet(c, f, f.end_tick - c.ticks(1200), 1200)
 
@@ -401,11 +423,15 @@ def _flap(c: Ctx, f: Fault, p: int, hs: HostState, ts: float) -> None:
 def bad_cable(c: Ctx, f: Fault, *, fails: bool | None = None, flap_every: float | None = None) -> None:
     p = f.port
     assert p is not None
-    lam = float(np.exp(c.rng.uniform(np.log(5), np.log(500))))
+    rate, mult = fault_rate_per_hour("ib_symbol_errors", c.rng)
+    lam = per_poll(rate, c.interval)
+    # A marginal cable or transceiver only drops symbols (the link stays up at full rate); one far
+    # past the limit flaps, may come back at a lower rate, and may fail for good.
+    severe = mult > 6 or flap_every is not None or bool(fails) or c.scenario == "flapping-cable"
     every = flap_every or float(c.rng.uniform(4, 20))  # polls between flaps
-    fails = bool(c.rng.random() < 0.4) if fails is None else fails
+    fails = (bool(c.rng.random() < 0.4) and severe) if fails is None else fails
     fail_at = f.onset_tick + int((f.end_tick - f.onset_tick) * 0.6) if fails else None
-    slow = bool(c.rng.random() < 0.3)
+    slow = severe and bool(c.rng.random() < 0.3)
 
     def step(hs: HostState, ts: float, k: int) -> None:
         port = hs.ports[p]
@@ -416,15 +442,17 @@ def bad_cable(c: Ctx, f: Fault, *, fails: bool | None = None, flap_every: float 
                 port.set_link("DOWN", "Disabled")
             return
         port.bump("symbol_error", int(c.rng.poisson(lam)))
-        if c.rng.random() < 0.1:
+        if severe and c.rng.random() < 0.1:
             port.bump("port_rcv_errors", int(c.rng.integers(1, 20)))
         if port.state == "DOWN":
             port.set_link("ACTIVE", "LinkUp", 200.0 if slow else NDR_GBPS)
             hs.events.append(klog.net(ts, hs.uptime(ts), port.hca_pci, f"Port {p + 1} link up"))
-        elif k == 0 or c.rng.random() < 1.0 / every:
+        elif severe and (k == 0 or c.rng.random() < 1.0 / every):
             _flap(c, f, p, hs, ts)
 
-    f.notes.append(f"symbol errors ~{lam:.0f}/poll, flaps every ~{every:.0f} polls" + ("; rate 200 Gb/s" if slow else "")
+    f.notes.append(f"symbol errors ~{rate:.0f}/h ({mult:.1f}x the limit)"
+                   + (f", flaps every ~{every:.0f} polls" if severe else "; marginal: no flaps")
+                   + ("; rate 200 Gb/s" if slow else "")
                    + ("; then the cable fails (port down)" if fails else ""))
     if fails:
         f.secondary.append("net_link_down")
@@ -485,7 +513,8 @@ def host_ce_storm(c: Ctx, f: Fault) -> None:
     d = f.dimm
     assert d is not None
     mc, label = c.specs[f.host].dimms[d]
-    lam = float(np.exp(c.rng.uniform(np.log(3), np.log(200))))
+    rate, mult = fault_rate_per_hour("dimm_ce", c.rng)
+    lam = per_poll(rate, c.interval)
     page = int(c.rng.integers(0x100000, 0xFFFFFF))
 
     def step(hs: HostState, ts: float, k: int) -> None:
@@ -497,7 +526,7 @@ def host_ce_storm(c: Ctx, f: Fault) -> None:
             if k % 10 == 0:
                 hs.events.append(klog.mce_logged(ts, up))
 
-    f.notes.append(f"EDAC CE ~{lam:.0f} per poll on one DIMM")
+    f.notes.append(f"EDAC CE ~{rate:.0f}/h ({mult:.1f}x the limit) on one DIMM")
     c.tl.during(f.onset_tick, f.end_tick, f.host, step)
 
 

@@ -20,7 +20,11 @@ from .rates import rates_per_host_hour
 from .timeline import Timeline
 from .topology import GPUS_PER_HOST, PORTS_PER_HOST, HostSpec
 
-SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update")
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases")
+# hard-cases: the counter faults whose strength decides whether a threshold is right (limits.py),
+# in numbers a scorecard can measure recall on, beside the benign near-limit noise (engine.py).
+HARD_CASE_MODES = ("net_link_bad_cable", "pcie_link_degraded", "gpu_nvlink_error", "gpu_ecc_sbe_storm",
+                   "host_dram_ce_storm")
 
 
 @dataclass
@@ -124,6 +128,9 @@ def plan_faults(spec: RunSpec, tl: Timeline, rng: np.random.Generator) -> tuple[
         wanted += ["net_link_bad_cable"] * max(2, spec.hosts // 16)
     elif spec.scenario == "sbe-storm-no-uce":
         wanted += ["gpu_ecc_sbe_storm"] * max(2, spec.hosts // 16)
+    elif spec.scenario == "hard-cases":
+        for mode in HARD_CASE_MODES:
+            wanted += [mode] * max(6, spec.hosts // 3)
     # long faults first so they find room; stable order keeps runs reproducible
     wanted.sort(key=lambda m: (-DURATION[m][1], m))
     for mode in wanted:

@@ -159,6 +159,10 @@ class GpuState:
                        f'"utilization_pct":{util}.0,"clocks_event_reasons":{clk}}}').encode()
 
 
+# PMA PortCounters widths (IBTA vol. 1, PortCounters attribute): they saturate, they do not wrap.
+SATURATES_AT = {"symbol_error": 0xFFFF, "port_rcv_errors": 0xFFFF, "link_error_recovery": 0xFF, "link_downed": 0xFF}
+
+
 class PortState:
     __slots__ = ("device", "hca_pci", "counters", "state", "phys", "rate", "_port", "dirty")
 
@@ -170,7 +174,10 @@ class PortState:
         self.dirty = True
 
     def bump(self, name: str, n: int = 1) -> None:
-        self.counters[name] += n
+        v = self.counters[name] + n
+        if name in SATURATES_AT:
+            v = min(v, SATURATES_AT[name])
+        self.counters[name] = v
         self.dirty = True
 
     def set_link(self, state: str, phys: str, rate: float | None = None) -> None:
