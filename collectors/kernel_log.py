@@ -378,7 +378,7 @@ def _iso(text: str) -> float | None:
 
 _PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 _XID = re.compile(
-    rf"^NVRM: (?:GPU\d{{1,3}} )?Xid \((?:PCI:)?(?P<pci>{_PCI})\): (?P<xid>\d{{1,7}})"
+    rf"^NVRM: (?:GPU\d{{1,3}} )?Xid \((?:PCI:)?(?:(?P<pci>{_PCI})|[^)\s]{{0,32}})\): (?P<xid>\d{{1,7}})"
     r"(?:, pid=(?:'?<unknown>'?|(?P<pid>\d{1,10})))?(?:, {1,8}name=(?P<name>[^,]{0,256}))?(?:, )?")
 _XID_START = re.compile(r"^NVRM: (?:GPU\d{1,3} )?Xid\b")
 _GPU_PCI = re.compile(rf"GPU (?:at )?(?:PCI:)?(?P<pci>{_PCI})\b")
@@ -534,7 +534,8 @@ def _nvrm(msg: str, ts: float, raw: str) -> KernelEvent | None:
     m = _XID.match(msg)
     if m:
         return KernelEvent(
-            ts=ts, kind="xid", line=raw, pci_addr=normalise_pci(m["pci"]), xid=min(int(m["xid"]), 1_000_000),
+            ts=ts, kind="xid", line=raw, pci_addr=normalise_pci(m["pci"]) if m["pci"] else None,
+            xid=min(int(m["xid"]), 1_000_000),
             pid=int(m["pid"]) if m["pid"] else None, message=msg[m.end():].strip(),
         )
     if _XID_START.match(msg):

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collectors.parsers.sysfs_snapshot import parse_aer_counters as _parse_aer_counters
 from fleethealth.schema import AerDevice, EdacDimm, EdacMc, NetPort
 
 U64_MAX = (1 << 64) - 1
@@ -87,14 +88,7 @@ def speed_to_gen(text: str | None) -> int | None:
     return _SPEED_GEN.get(m.group(1)) if m else None
 
 
-def parse_aer_counters(text: str) -> dict[str, int]:
-    """``RxErr 0\\nBadTLP 1\\n...\\nTOTAL_ERR_COR 1`` -> {name: count}. Malformed lines are dropped."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = min(int(parts[1]), U64_MAX)
-    return out
+parse_aer_counters = _parse_aer_counters  # the one reader of the aer_dev_* format (multi-word names too)
 
 
 def read_pcie(sysfs_root: str | Path, stats: ReadStats, *, only: set[str] | None = None) -> list[AerDevice]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from collectors.kernel_log import MAX_LINE
 from collectors.parsers import (
     dcgm,
     ethtool,
@@ -41,9 +42,12 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
     "nvidia-smi-q": nvsmi_text.parse,
     "nvidia-smi-xml": nvsmi_xml.parse,
     "nvidia-smi-table": nvsmi_table.parse,
+    "nvidia-smi-csv": nvsmi_table.parse_query_csv,
     "nvidia-smi-nvlink": nvlink.parse,
     "dcgmi-nvlink-status": nvlink.parse_dcgmi,
     "dcgmi-diag": dcgm.parse_diag,
+    "dcgmi-health": dcgm.parse_health,
+    "dcgmi-dmon": dcgm.parse_dmon,
     "dcgm-hostengine-log": dcgm.parse_hostengine,
     "dcgm-exporter": prom.parse,
     "fabricmanager-log": dcgm.parse_fabricmanager,
@@ -51,6 +55,7 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
     "ibstatus": infiniband.parse_ibstatus,
     "perfquery": infiniband.parse_perfquery,
     "ibqueryerrors": infiniband.parse_ibqueryerrors,
+    "iblinkinfo": infiniband.parse_iblinkinfo,
     "ibnetdiscover": infiniband.parse_ibnetdiscover,
     "ib-counter-dump": infiniband.parse_counter_dump,
     "ethtool-stats": ethtool.parse_stats,
@@ -60,9 +65,10 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
     "mcelog": mce.parse_mcelog,
     "ras-mc-ctl": mce.parse_ras_mc_ctl,
     "lspci-vvv": lspci.parse,
+    "sysfs-aer": sysfs_snapshot.parse_aer_text,
 }
 MAX_BYTES = 64 << 20
-_WANTS_COMMAND = {"ethtool-stats"}  # parsers that read the device from the command line above the output
+_WANTS_COMMAND = {"ethtool-stats", "nvidia-smi-csv", "ibstat", "sysfs-aer", "lspci-vvv"}  # parsers that read the device from the command line above the output
 
 
 def parse_text(text: str, fmt: str | None = None, path: str | None = None) -> Parsed:
@@ -120,13 +126,27 @@ def parse_captures(text: str, path: str | None = None) -> list[Parsed]:
     as the format its content (or, failing that, its command line) says. Text no parser claims is
     read by the kernel-line reader, so text that holds kernel lines is never unreadable. Never
     raises ParseError; what was odd is in each part's ``warnings``."""
+    text, cut = bound_lines(text)
     out = []
     for part in split.split_captures(text):
         p = _parse_part(part, path)
         if part.title:
             p.warnings.insert(0, f"capture {part.title!r}")
         out.append(p)
-    return out or [kernel.parse(text, lenient=True)]
+    out = out or [kernel.parse(text, lenient=True)]
+    if cut:
+        out[0].warnings.append(f"{cut} line(s) over {MAX_LINE} characters were cut before parsing")
+    return out
+
+
+def bound_lines(text: str) -> tuple[str, int]:
+    """Every line cut to :data:`MAX_LINE` characters before any parser's regex sees it (security
+    review F13: regexes run on bounded lines). Returns the text and how many lines were cut."""
+    if len(text) <= MAX_LINE or max(map(len, text.splitlines()), default=0) <= MAX_LINE:
+        return text, 0
+    lines = text.splitlines()
+    cut = sum(len(ln) > MAX_LINE for ln in lines)
+    return "\n".join(ln[:MAX_LINE] for ln in lines) + "\n", cut
 
 
 def _parse_part(part: split.Part, path: str | None) -> Parsed:

@@ -69,6 +69,8 @@ def parse_ibstat(text: str) -> Parsed:
             elif k == "link layer":
                 port.link_layer = v[:256]
     if dev is None:
+        if re.search(r"^\s*(?:Physical )?[Ss]tate:\s*\w", text, re.M):
+            return parse_ibstat_fragment(text)
         raise ParseError("ibstat", "no \"CA '<device>'\" line")
     return out
 
@@ -207,4 +209,90 @@ def parse_counter_dump(text: str) -> Parsed:
             name = None
     if not port.counters:
         raise ParseError("ib-counter-dump", "no '=== <counter> ===' blocks with numeric values")
+    return out
+
+
+# -------------------------------------------------------------------------------- iblinkinfo
+_ILI_NODE = re.compile(r"^(?P<type>CA|Switch|Router)\s*: (?P<name>.{1,512}?):\s*$")
+_ILI_PORT = re.compile(
+    r"^\s{0,32}(?:(?P<guid>0x[0-9a-f]{1,16})\s{1,16})?(?P<lid>\d{1,6})\s{1,16}(?P<port>\d{1,4})\[[^\]]{0,8}\]\s{0,4}"
+    r"==\(\s{0,32}(?:(?P<width>\d{1,2})X\s{1,16}(?P<gbps>[\d.]{1,12}) Gbps\s{1,8})?(?P<state>\w{1,16})/\s{0,8}"
+    r"(?P<phys>\w{1,16})\)==>\s{0,32}(?:(?P<plid>\d{1,6})\s{1,16}(?P<pport>\d{1,4}))?\s{0,16}\[[^\]]{0,8}\]\s{0,4}"
+    r"\"(?P<peer>[^\"]{0,256})\"\s{0,4}\(\s{0,4}(?P<note>[^)]{0,128}?)\s{0,4}\)", re.I)
+_COULD_BE = re.compile(r"Could be (?P<gbps>[\d.]{1,12}) Gbps", re.I)
+
+
+def parse_iblinkinfo(text: str) -> Parsed:
+    """``iblinkinfo`` (whole fabric, ``-S GUID``, or grep'd lines): one ``ib_link`` fact per port with
+    its state, physical state, trained width and per-lane speed, the peer and the tool's ``( Could be
+    … )`` note. A connected port (one with a peer) is also a NetPort; a port with no peer is an
+    empty cage as far as this output can tell, so it is a fact only."""
+    out = new_parsed("iblinkinfo")
+    node = ""
+    for line in text.splitlines():
+        if (m := _ILI_NODE.match(line)) is not None:
+            node = m["name"].strip()
+            continue
+        m = _ILI_PORT.match(line)
+        if m is None:
+            continue
+        lanes = int(m["width"]) if m["width"] else None
+        per_lane = float(m["gbps"]) if m["gbps"] else None
+        could = _COULD_BE.search(m["note"] or "")
+        comp = f"{node or m['guid'] or 'lid ' + m['lid']} port {m['port']}"
+        attrs = {"lid": int(m["lid"]), "port": int(m["port"]), "state": m["state"].upper(), "phys_state": m["phys"],
+                 "lanes": lanes, "lane_gbps": per_lane, "gbps": lanes * per_lane if lanes and per_lane else None,
+                 "peer": m["peer"], "peer_lid": int(m["plid"]) if m["plid"] else None,
+                 "could_be_lane_gbps": float(could["gbps"]) if could else None}
+        out.facts.append(Fact("ib_link", comp, attrs, line.strip()))
+        if m["peer"]:
+            p = _port(out, node or f"lid{m['lid']}", int(m["port"]))
+            p.state, p.phys_state = m["state"].upper(), m["phys"]
+            p.rate_gbps = attrs["gbps"]  # type: ignore[assignment]
+    if not out.facts:
+        raise ParseError("iblinkinfo", "no '<lid> <port>[ ] ==( … )==>' port line")
+    return out
+
+
+# ---------------------------------------------------------------------------- ibstat fragments
+_FRAG_CMD = re.compile(r"\bibstat\s+(?P<dev>[\w.-]{1,64})")
+
+
+def parse_ibstat_fragment(text: str) -> Parsed:
+    """``ibstat | grep -E 'State|Rate'`` and the like: ``State:`` / ``Physical state:`` / ``Rate:`` /
+    ``Link layer:`` lines without their ``CA '…'`` header. Each ``State:`` starts the next port
+    (``Port N:`` lines, when kept, number them); the device comes from the command line on top when
+    there is one (``ibstat mlx5_3 | grep …``), else ``ib?``."""
+    if re.search(r"^CA '[^']+'", text, re.M):
+        return parse_ibstat(text)
+    out = new_parsed("ibstat")
+    dev, n, port = "ib?", 0, None
+    for line in text.splitlines()[:3]:
+        if (c := _FRAG_CMD.search(line)) is not None and c["dev"] not in ("grep", "egrep"):
+            dev = c["dev"]
+    for line in text.splitlines():
+        if (m := _PORTHDR.match(" " + line.strip())) is not None:
+            n, port = int(m["port"]), None
+            port = _port(out, dev, n)
+            continue
+        m = _KV.match(" " + line.strip())
+        if m is None:
+            continue
+        k, v = m["k"].strip().lower(), m["v"].strip()
+        if k == "state":
+            if port is None or port.state:
+                n += 1
+                port = _port(out, dev, n)
+            port.state = v.upper()[:256]
+        elif port is None:
+            continue
+        elif k == "physical state":
+            port.phys_state = v[:256]
+        elif k == "rate":
+            port.rate_gbps = to_number(v)
+        elif k == "link layer":
+            port.link_layer = v[:256]
+    if not out.sample.net_ports:
+        raise ParseError("ibstat", "no CA header and no 'State:' lines")
+    out.warnings.append("ibstat fragment: ports numbered in order of their State: lines")
     return out

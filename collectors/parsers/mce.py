@@ -120,14 +120,53 @@ _RAS_MCE = re.compile(r"^\d+ .*?error: (?P<err>[^,]*error)[^,]*,.*?bank (?P<bank
                       r".*?status=(?P<status>0x[0-9a-f]+)", re.I)
 _RAS_MEM = re.compile(r"^\d+ .*? (?P<n>\d+) (?P<kind>Corrected|Uncorrected) error\(s\): (?P<what>.*?) at (?P<label>\S+)",
                       re.I)
-_RAS_COUNT = re.compile(r"^(?P<label>\S+)\t(?P<ce>\d+)\t(?P<ue>\d+)\s*$")
+_RAS_COUNT = re.compile(r"^(?P<label>\S{1,256}) {0,64}\t(?P<ce>\d{1,20})\t(?P<ue>\d{1,20})\s*$")
+
+
+_RAS_REC = re.compile(r"^\d{1,12} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} ")
+_RAS_STATUS = re.compile(r"\bstatus=(?P<status>0x[0-9a-f]{1,16})", re.I)
+_RAS_BANKNUM = re.compile(r"\bbank=(?P<n>0x[0-9a-f]{1,8}|\d{1,4})\b", re.I)
+_RAS_SUMMARY = re.compile(r"^\s*(?P<kind>Corrected|Uncorrected) on DIMM Label\(s\): '(?P<label>[^']{0,256})'"
+                          r"(?: location: (?P<loc>\S{1,64}))? errors: (?P<n>\d{1,12})", re.I)
+_RAS_MCE_SUMMARY = re.compile(r"^\s*(?P<n>\d{1,12}) (?P<what>.{1,200}?) errors?\s*$")
+
+
+def _join_records(lines: list[str]) -> list[str]:
+    """``ras-mc-ctl --errors`` wraps a long record over several lines (a terminal, a pasted ticket):
+    a line that does not start a record (``N YYYY-MM-DD hh:mm:ss +zzzz``) continues the one before."""
+    out: list[str] = []
+    in_rec = False
+    for line in lines:
+        if _RAS_REC.match(line):
+            out.append(line.rstrip())
+            in_rec = True
+        elif in_rec and line.strip() and not line.strip().endswith(":") and not line.startswith("No "):
+            out[-1] = f"{out[-1]} {line.strip()}"[:8192]
+        else:
+            out.append(line)
+            in_rec = False
+    return out
 
 
 def parse_ras_mc_ctl(text: str) -> Parsed:
-    """``ras-mc-ctl --errors`` (memory-controller and MCE event lists) or ``--error-count``."""
+    """``ras-mc-ctl --errors`` (memory-controller and MCE event lists, wrapped records joined),
+    ``--error-count`` and ``--summary``."""
     out = new_parsed("ras-mc-ctl")
     count_table = False
-    for line in text.splitlines():
+    section = ""
+    for line in _join_records(text.splitlines()):
+        st = line.strip()
+        if st.endswith(":") and not st.startswith(("Label", "Transaction")):
+            section = st.lower()
+        if (m := _RAS_SUMMARY.match(line)) is not None:
+            n = int(m["n"])
+            unc = m["kind"].lower() == "uncorrected"
+            out.facts.append(Fact("dimm_counts", m["label"] or m["loc"] or "dimm",
+                                  {"ce": 0 if unc else n, "ue": n if unc else 0, "source": "ras-mc-ctl --summary"}, st))
+            continue
+        if "summary" in section and "mce" in section and (m := _RAS_MCE_SUMMARY.match(line)) is not None:
+            out.facts.append(Fact("mce_summary", "host", {"count": int(m["n"]), "what": m["what"]}, st))
+            continue
         s = line.strip()
         if s.startswith("Label") and "CE" in s and "UE" in s:
             count_table = True
@@ -146,7 +185,14 @@ def parse_ras_mc_ctl(text: str) -> Parsed:
             attrs = decode_status(int(m["status"], 16), bank_name=m["bank"])
             attrs["source"] = "ras-mc-ctl"
             out.facts.append(Fact("mce_record", f"bank {m['n'] or m['bank']}", attrs, s))
-    if not count_table and "ras-mc-ctl" not in text and not re.search(r"^(No |MCE events:|Memory controller events)",
+        elif _RAS_REC.match(s) and (st2 := _RAS_STATUS.search(s)) is not None:
+            # Intel records name the bank only as "bank=0x0000000d": the MCA error code in the status decides
+            bank = _RAS_BANKNUM.search(s)
+            attrs = decode_status(int(st2["status"], 16))
+            attrs["source"] = "ras-mc-ctl"
+            comp = f"bank {int(bank['n'], 0)}" if bank else "bank"
+            out.facts.append(Fact("mce_record", comp, attrs, s[:1024]))
+    if not count_table and not out.facts and "ras-mc-ctl" not in text and not re.search(r"^(No |MCE events:|Memory controller events)",
                                                                     text, re.M):
         raise ParseError("ras-mc-ctl", "neither an error-count table nor ras-mc-ctl event sections")
     return out

@@ -68,3 +68,34 @@ def parse(text: str) -> Parsed:
         raise ParseError(FORMAT, "no 'NVIDIA-SMI ... Driver Version' header and no GPU rows")
     out.sample.expected_gpus = min(len(out.sample.gpus) + sum(f.kind == "gpu_no_handle" for f in out.facts), 64)
     return out
+
+
+_QUERY = re.compile(r"--query-(?P<what>gpu|compute-apps|remapped-rows|retired-pages)=(?P<fields>[\w.,]{1,2048})")
+
+
+def parse_query_csv(text: str) -> Parsed:
+    """``nvidia-smi --query-gpu=a,b --format=csv[,noheader]``: one ``gpu_query`` fact per row, field name ->
+    value as printed. The field names come from the header row, or from the command line on top
+    when ``noheader`` dropped it."""
+    out = new_parsed("nvidia-smi-csv")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    fields: list[str] = []
+    if lines and (q := _QUERY.search(lines[0])) is not None:
+        fields = q["fields"].split(",")
+        lines = lines[1:]
+    if lines and not fields and "," in lines[0] and not any(c.isdigit() for c in lines[0].split(",")[0]):
+        fields = [f.strip().split(" [")[0] for f in lines[0].split(",")]
+        lines = lines[1:]
+    elif lines and fields and lines[0].replace(" ", "").split(",")[0] == fields[0]:
+        lines = lines[1:]  # the header row as well
+    if not fields:
+        raise ParseError("nvidia-smi-csv", "no --query-…= command line and no header row")
+    for line in lines:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(fields):
+            out.skipped_lines += 1
+            continue
+        row = dict(zip(fields, cells, strict=True))
+        comp = f"gpu{row['index']}" if row.get("index", "").isdigit() else row.get("uuid") or row.get("pci.bus_id") or "gpu"
+        out.facts.append(Fact("gpu_query", comp, row, line.strip()))
+    return out

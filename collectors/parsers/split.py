@@ -37,6 +37,7 @@ _FENCE = re.compile(r"^\s{0,3}```")
 # a command line -> the parser that reads its output (first match wins)
 _HINTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bnvidia-smi\b.*\bnvlink\b"), "nvidia-smi-nvlink"),
+    (re.compile(r"\bnvidia-smi\b.*--query-\w+="), "nvidia-smi-csv"),
     (re.compile(r"\bnvidia-smi\b.*(?:-q\b.*-x|-x\b.*-q|--xml)"), "nvidia-smi-xml"),
     (re.compile(r"\bnvidia-smi\b.*(?:-q\b|--query(?:\s|$))"), "nvidia-smi-q"),
     (re.compile(r"\bnvidia-smi\s*$"), "nvidia-smi-table"),
@@ -53,6 +54,7 @@ _HINTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\bethtool\s+-i\b"), "ethtool-info"),
     (re.compile(r"\bethtool\s+\S+\s*$"), "ethtool-settings"),
     (re.compile(r"\blspci\b"), "lspci-vvv"),
+    (re.compile(r"/aer_dev_(?:correctable|fatal|nonfatal)\b"), "sysfs-aer"),
     (re.compile(r"\bras-mc-ctl\b"), "ras-mc-ctl"),
     (re.compile(r"\bmcelog\b"), "mcelog"),
     (re.compile(r"\b(?:dmesg|journalctl|talosctl\s+dmesg)\b|/var/log/|kern\.log|messages\b|syslog\b"), "kernel-log"),

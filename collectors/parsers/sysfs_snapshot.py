@@ -109,10 +109,7 @@ def parse_files(files: dict[str, str]) -> Parsed:
                 target = {"aer_dev_correctable": dev.correctable, "aer_dev_fatal": dev.fatal,
                           "aer_dev_nonfatal": dev.nonfatal}.get(rest)
                 if target is not None:
-                    for ln in value.splitlines():
-                        parts = ln.split()
-                        if len(parts) == 2 and (v := to_count(parts[1])) is not None:
-                            target[parts[0][:256]] = v
+                    target.update(parse_aer_counters(value))
             elif rest in ("current_link_speed", "max_link_speed"):
                 gen = _speed_gen(value)
                 if rest.startswith("current"):
@@ -143,3 +140,52 @@ def _speed_gen(text: str) -> int | None:
         return None
     return {"2.5": 1, "5.0": 2, "5": 2, "8.0": 3, "8": 3, "16.0": 4, "16": 4, "32.0": 5, "32": 5,
             "64.0": 6, "64": 6}.get(m.group(1))
+
+
+def parse_aer_counters(text: str) -> dict[str, int]:
+    """An ``aer_dev_correctable|fatal|nonfatal`` file -> {name: count}. Current kernels print one-word
+    names (``RxErr 0``), older ones and the ABI document several words (``Receiver Error 2``,
+    ``Bad TLP 0``), unnamed bits ``…_bit[12] 0``; the count is always the last word. Lines whose
+    last word is not a count are dropped."""
+    out: dict[str, int] = {}
+    for line in text.splitlines()[:64]:
+        name, _, n = line.strip().rpartition(" ")
+        v = to_count(n)
+        if name and v is not None:
+            out[name.strip()[:256]] = v
+    return out
+
+
+_AER_GREP = re.compile(r"^(?:/sys)?/(?:bus/pci/devices|devices/\S{0,256}?)/(?P<addr>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:"
+                       r"[0-9a-fA-F]{2}\.[0-7])/(?P<file>aer_dev_(?:correctable|fatal|nonfatal)):(?P<rest>.*)$")
+_AER_CMD = re.compile(r"(?P<addr>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])/(?P<file>aer_dev_(?:correctable|"
+                      r"fatal|nonfatal))\b")
+
+
+def parse_aer_text(text: str) -> Parsed:
+    """``grep . /sys/bus/pci/devices/*/aer_dev_*`` (``path:NAME COUNT`` lines), or ``cat`` of one
+    ``aer_dev_*`` file with its command line on top: the AER counters of each device, as the
+    collector reads them from sysfs."""
+    out = new_parsed("sysfs-aer")
+    files: dict[tuple[str, str], list[str]] = {}
+    current: tuple[str, str] | None = None
+    for line in text.splitlines():
+        if (m := _AER_GREP.match(line.strip())) is not None:
+            files.setdefault((m["addr"].lower(), m["file"]), []).append(m["rest"])
+            continue
+        if (c := _AER_CMD.search(line)) is not None and not line.strip().endswith(("0", "1", "2", "3", "4", "5", "6",
+                                                                                    "7", "8", "9")):
+            current = (c["addr"].lower(), c["file"])
+            continue
+        if current is not None and line.strip():
+            files.setdefault(current, []).append(line)
+    aer: dict[str, AerDevice] = {}
+    for (addr, fname), lines in files.items():
+        dev = aer.setdefault(addr, AerDevice(pci_addr=addr[:256]))
+        target = {"aer_dev_correctable": dev.correctable, "aer_dev_fatal": dev.fatal,
+                  "aer_dev_nonfatal": dev.nonfatal}[fname]
+        target.update(parse_aer_counters("\n".join(lines)))
+    out.sample.aer = [aer[k] for k in sorted(aer)][:256]
+    if not out.sample.aer:
+        raise ParseError("sysfs-aer", "no '/sys/bus/pci/devices/<addr>/aer_dev_*' lines")
+    return out

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.parsers import PARSERS, ParseError, detect_format, load, parse_text
+from collectors.parsers import PARSERS, ParseError, detect_format, load, parse_captures, parse_text
 from collectors.parsers.mce import decode_status
 from fleethealth.schema import decode_sample, encode
 
@@ -121,12 +121,15 @@ def test_lspci_and_sysfs_edac() -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in FIX.iterdir() if p.is_file()))
 def test_detect_format_from_content_not_name(name: str, tmp_path: Path) -> None:
     text = (FIX / name).read_text()
-    fmt = detect_format(text)
-    renamed = tmp_path / "capture.bin.txt"
-    renamed.write_text(text)
-    parsed = load(renamed)
-    assert parsed.format == fmt
-    assert decode_sample(encode(parsed.sample)) == parsed.sample  # contract-valid
+    parts = parse_captures(text, name)
+    assert [p.format for p in parse_captures(text, "capture.bin.txt")] == [p.format for p in parts]
+    assert any(not p.format.endswith("(fallback)") for p in parts), name
+    for parsed in parts:
+        assert decode_sample(encode(parsed.sample)) == parsed.sample  # contract-valid
+    if len(parts) == 1 and "(fallback)" not in parts[0].format and "$ " not in text and "# " not in text:
+        renamed = tmp_path / "capture.bin.txt"
+        renamed.write_text(text)
+        assert load(renamed).format == detect_format(text) == parts[0].format
 
 
 def test_unknown_format_is_parse_error() -> None:
