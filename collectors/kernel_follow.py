@@ -66,7 +66,8 @@ class KernelLogFollower:
         self.max_line = max_line
         self.parser = KernelLineParser(boot_time=boot_time, year_hint=year_hint)
         self.lines_truncated = 0
-        self.records_lost = 0  # /dev/kmsg ring overwritten before we read it (EPIPE)
+        self.records_lost = 0  # /dev/kmsg records overwritten before we read them (the sequence-number gap)
+        self.ring_wraps = 0  # EPIPE: the ring wrapped past our position (once per wrap, however many were lost)
         self.rotations = 0
         self._fd: int | None = None
         self._ino: int | None = None
@@ -217,7 +218,7 @@ class KernelLogFollower:
                 break
             except OSError as exc:
                 if exc.errno == errno.EPIPE:  # ring buffer wrapped past our position
-                    self.records_lost += 1
+                    self.ring_wraps += 1
                     continue
                 raise
             if not rec:
@@ -230,6 +231,8 @@ class KernelLogFollower:
                 seq = self._kmsg_seq + 1
             if seq <= self._kmsg_seq:
                 continue  # already read before a restart
+            if self._kmsg_seq >= 0 and seq > self._kmsg_seq + 1:
+                self.records_lost += seq - self._kmsg_seq - 1
             self._kmsg_seq = seq
             out.append(text)
         return out

@@ -123,7 +123,7 @@ _TAGGED = re.compile(r"^(?:(?P<host>[^\s:\[\]]{1,255})\s{1,4})?(?:(?P<sev>[A-Z]{
                      r"(?P<tag>[A-Za-z_][^\s:\[\]]{0,63})(?:\[(?P<pid>\d{1,10})\])?:(?:\s|$)")
 _BROADCAST = re.compile(r"^Message from syslogd@\S{1,255} at ")
 _KERNEL_TAG = re.compile(r"^\s{0,8}kernel:\s?")
-_TALOS = re.compile(r"^(?:(?P<node>[^\s:]{1,255}|\[[0-9a-fA-F:]{2,45}\]|[0-9a-fA-F:]{2,45}):\s)?"
+_TALOS = re.compile(r"^\s{0,4}(?:(?P<node>[^\s:]{1,255}|\[[0-9a-fA-F:]{2,45}\]|[0-9a-fA-F:]{2,45}):\s)?"
                     r"(?P<fac>kern|user|mail|daemon|auth|syslog|local\d):\s{1,8}(?P<lvl>\w{1,8}):\s{1,8}"
                     rf"\[(?P<iso>{_ISO_TS})\]:\s?")
 # wrappers: what follows them is read as a line of its own
@@ -409,6 +409,9 @@ _NIC_FAMILY = re.compile(r"(?i)PCIe bandwidth|module (?:\d{1,3}, )?\S{0,16} ?err
                          r"\bhealth\b|syndrome|firmware (?:error|fatal)|\bfatal\b|internal error|"
                          r"high temperature|over[- ]?temperature|PCIe slot power")
 _PROBE = re.compile(r"probe of \S{1,64} failed|probe with driver \S{1,64} failed")
+# "mlx5_core 0000:53:00.0 enp83s0f0np0: …", "bond0: (slave x): …", "nvidia: probe of …": a driver or device
+# names itself before the message (a bare word like "Health" in someone's table does not)
+_DEVICE_PREFIX = re.compile(r"^[\w.-]{1,48}(?: [\w.:@()-]{1,64}){0,3}: ")
 _CARRIER = re.compile(r"(?i)\b(?:lost|gained) carrier\b|carrier: link (?:connected|disconnected)|"
                       r"\bcarrier[- ]changed\b|\bcarrier (?:is )?(?:on|off|up|down)\b")
 _CARRIER_PROGRAMS = frozenset({"systemd-networkd", "NetworkManager"})
@@ -515,7 +518,8 @@ def classify(msg: str, ts: float, raw: str) -> KernelEvent | None:
             sev = _severity(r["sev"]) if r else None
             return KernelEvent(ts=ts, kind="aer", line=raw, pci_addr=normalise_pci(m["pci"]), severity=sev,
                                message=body.strip())
-    if (_LINK.search(msg) and "SATA link" not in msg) or _NIC_FAMILY.search(msg) or _PROBE.search(msg):
+    if _DEVICE_PREFIX.match(msg) and ((_LINK.search(msg) and "SATA link" not in msg) or _NIC_FAMILY.search(msg)
+                                      or _PROBE.search(msg)):
         d = _DEV_PCI.match(msg)
         return KernelEvent(ts=ts, kind="other", line=raw, pci_addr=normalise_pci(d["pci"]) if d else None,
                            message=msg)

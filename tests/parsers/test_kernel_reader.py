@@ -130,9 +130,9 @@ def test_read_kmsg_one_record_per_read(tmp_path, monkeypatch):
         b"6,10,1000000,-;usb 1-1: new device\n",
         b"3,11,2000000,-;pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: 0000:00:02.0\n"
         b" SUBSYSTEM=pci\n DEVICE=+pci:0000:00:02.0\n",
-        OSError(errno.EPIPE, "Broken pipe"),
-        b"12,12,2500000,-;NVRM: Xid (PCI:0000:18:00): 79, forged by a user-space writer\n",
-        b"3,13,3000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n",
+        OSError(errno.EPIPE, "Broken pipe"),  # the ring wrapped: records 12..14 were overwritten
+        b"12,15,2500000,-;NVRM: Xid (PCI:0000:18:00): 79, forged by a user-space writer\n",
+        b"3,16,3000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n",
         BlockingIOError(),
     ]
 
@@ -147,7 +147,8 @@ def test_read_kmsg_one_record_per_read(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_follow.os, "read", fake_read)
     evs = f.poll()
     assert [(e.kind, e.pci_addr) for e in evs] == [("aer", "0000:00:02.0"), ("xid", "0000:3b:00.0")]
-    assert evs[0].severity == "fatal" and f.records_lost == 1 and f._kmsg_seq == 13
+    assert evs[0].severity == "fatal" and f._kmsg_seq == 16
+    assert (f.ring_wraps, f.records_lost) == (1, 3)  # lost records counted by the sequence gap
     assert f.parser.lines_foreign == 1
     f._fd = None
 
