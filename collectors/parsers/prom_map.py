@@ -83,9 +83,19 @@ class PromMap:
                 exact[r.series] = r
         object.__setattr__(self, "_exact", exact)
         object.__setattr__(self, "_links", links)
+        object.__setattr__(self, "_memo", {})
 
     def lookup(self, name: str) -> tuple[Row, int | None] | None:
         """The row for a series name, and the link index for a per-link series."""
+        memo: dict[str, tuple[Row, int | None] | None] = self._memo  # type: ignore[attr-defined]
+        if name in memo:
+            return memo[name]
+        hit = self._lookup(name)
+        if len(memo) < 100_000:
+            memo[name] = hit
+        return hit
+
+    def _lookup(self, name: str) -> tuple[Row, int | None] | None:
         r = self._exact.get(name)  # type: ignore[attr-defined]
         if r is not None:
             return r, None
@@ -264,6 +274,18 @@ def gpu_key(g: GpuSample) -> str:
     return g.uuid or g.pci_bus_id or f"gpu{g.index}"
 
 
+@lru_cache(maxsize=1 << 16)
+def _gpu_ident(idx_s: str, uuid: str, pci_raw: str) -> tuple[str, int | None, str, str] | None:
+    """(key within one host, index or None, UUID, normalised PCI address) from a series' labels."""
+    uuid = uuid[:256]
+    pci = pci_norm(pci_raw)[:256] if pci_raw else ""
+    if idx_s.isdigit() and int(idx_s) <= 1_000_000:
+        return f"i{int(idx_s)}", int(idx_s), uuid, pci
+    if uuid or pci:
+        return uuid or pci, None, uuid, pci
+    return None
+
+
 class _Builder:
     def __init__(self, table: PromMap, evidence: bool) -> None:
         self.t = table
@@ -278,19 +300,14 @@ class _Builder:
         self.dimms: dict[tuple[int, str], EdacDimm] = {}
 
     def gpu(self, labels: dict[str, str]) -> GpuSample | None:
-        idx_s = labels.get("gpu", "")
-        uuid = labels.get("UUID", "")[:256]
-        pci = pci_norm(labels["pci_bus_id"])[:256] if labels.get("pci_bus_id") else ""
-        if idx_s.isdigit() and int(idx_s) <= 1_000_000:
-            key = f"i{int(idx_s)}"
-        elif uuid or pci:
-            key = uuid or pci
-        else:
+        ident = _gpu_ident(labels.get("gpu", ""), labels.get("UUID", ""), labels.get("pci_bus_id", ""))
+        if ident is None:
             return None
+        key, idx, uuid, pci = ident
         g = self.gpus.get(key)
         if g is None:
-            idx = int(idx_s) if key.startswith("i") and idx_s.isdigit() else len(self.gpus)
-            g = self.gpus[key] = GpuSample(index=idx, uuid=uuid, pci_bus_id=pci, name=labels.get("modelName", "")[:256])
+            g = self.gpus[key] = GpuSample(index=len(self.gpus) if idx is None else idx, uuid=uuid, pci_bus_id=pci,
+                                           name=labels.get("modelName", "")[:256])
         return g
 
     def setf(self, obj: Any, fld: str, value: Any, prio: int) -> None:
