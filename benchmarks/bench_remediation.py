@@ -1,5 +1,9 @@
 """Remediation decisions per second: dry-run worker, real SQLite store (WAL) in a temp dir.
 
+The 2,000-node inventory is the operator's static list (``[guards].nodes``), so every drain decision
+counts the cap on it as it would on the scheduler's list; in the dry run the caps trip (10 % = 200
+nodes) and later drains queue, as they would live.
+
 Prints figures; asserts nothing. Usage: .venv/bin/python benchmarks/bench_remediation.py [N]
 """
 
@@ -31,7 +35,7 @@ def incidents(n: int, seed: int = 7) -> list[Incident]:
 def run(n: int, dry_run: bool) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as d:
         s = AllSettings(remediation=RemediationSettings(dry_run=dry_run),
-                        guards=GuardSettings(cluster_sizes={"default": 2000}))
+                        guards=GuardSettings(nodes=["gpu-node-[0000-1999]"]))
         w = RemediationWorker(s, bus=InProcessBus(), store=Path(d) / "state.sqlite")
         incs = incidents(n)
         t0 = time.perf_counter()

@@ -57,6 +57,7 @@ class RunOptions:
     batch: int = 256
     ports_optional: bool = False  # demo: a busy port is a warning, not an error
     with_models: bool = False  # also run the ML detectors (detectors/models)
+    config: str | None = None  # --config: [guards], policy and hooks of the (dry-run) remediation
 
 
 @dataclass
@@ -89,7 +90,7 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
     tickets = opts.tickets or "sqlite::memory:"
     observe_ts, stream_now = run_parts.stream_clock()
     detect = run_parts.Detection(bus, with_models=opts.with_models)
-    remediate = run_parts.Remediation(bus, tickets, clock=stream_now)
+    remediate = run_parts.Remediation(bus, tickets, clock=stream_now, config=opts.config, fleet=source.fleet)
     fleet_exporter = FleetSampleExporter()
     groups = [(detect.group, TELEMETRY), (remediate.group, INCIDENTS)]
     servers: list[Any] = []
@@ -251,7 +252,7 @@ def _opts(args: argparse.Namespace, **over: Any) -> RunOptions:
         seed=getattr(args, "seed", 0), speed=args.speed, score=getattr(args, "score", False),
         report=getattr(args, "report", None), tickets=args.tickets, metrics_port=args.metrics_port,
         exporter_port=args.exporter_port, keep_serving=args.keep_serving, quiet=args.quiet,
-        with_models=args.with_models)
+        with_models=args.with_models, config=getattr(args, "config", None))
     for k, v in over.items():
         setattr(o, k, v)
     return o
@@ -259,9 +260,12 @@ def _opts(args: argparse.Namespace, **over: Any) -> RunOptions:
 
 def _print_result(res: RunResult) -> None:
     s = res.summary
+    would = sum(1 for a in res.actions if a.kind == "drain" and a.outcome == "dry_run" and "step" not in a.details)
+    held = len({a.id for a in res.actions if a.kind == "drain" and a.outcome == "queued"})
     print(f"fleethealth run: {s.samples} samples from {s.hosts} hosts in {s.wall_s:.1f} s "
           f"({s.stream_span_s:.0f} s of fleet time); {len({i.id for i in res.incidents})} incident episodes, "
-          f"{len(res.actions)} actions (dry-run: nothing drained), {s.dead_letters} dead letters")
+          f"{len(res.actions)} actions (dry-run: nothing drained; would drain {would}, {held} drains queued "
+          f"behind a guard), {s.dead_letters} dead letters")
     if s.scorecard_text:
         print(s.scorecard_text)
     elif s.scorecard is None and res.summary.source:

@@ -44,6 +44,9 @@ class Source:
     truth: list[dict[str, Any]] | None = None  # None: the input has no ground truth; []: a fleet with no fault
     path: Path | None = None
     skipped: int = 0
+    # The fleet the input was made from, as (node, rack): the dry run's node list (the simulator's
+    # spec, or the recording's meta.json spec), never the host names the samples claim.
+    fleet: list[tuple[str, str]] | None = None
     _gen: Callable[[], Iterator[Sample]] | None = None
 
     def samples(self) -> Iterator[Sample]:
@@ -73,7 +76,11 @@ def _replay_source(path: Path) -> Source:
     src = Source(describe=str(path), total=None, truth=_truth_beside(path), path=path)
     meta = path.with_name(path.name.replace(".jsonl.gz", "").replace(".jsonl", "") + ".meta.json")
     if meta.exists():
-        src.total = json.loads(meta.read_text()).get("samples")
+        doc = json.loads(meta.read_text())
+        src.total = doc.get("samples")
+        hosts = (doc.get("spec") or {}).get("hosts")
+        if isinstance(hosts, int) and 0 < hosts <= 100_000:
+            src.fleet = _fleet(hosts)
 
     def gen() -> Iterator[Sample]:
         for raw in read_values(path):
@@ -87,6 +94,12 @@ def _replay_source(path: Path) -> Source:
     return src
 
 
+def _fleet(hosts: int) -> list[tuple[str, str]]:
+    from collectors.fleetsim.topology import build_fleet
+
+    return [(h.name, h.rack) for h in build_fleet(hosts)]
+
+
 def _sim_source(opts: Any) -> Source:
     from collectors.fleetsim.engine import Simulation
     from collectors.fleetsim.plan import RunSpec
@@ -96,7 +109,7 @@ def _sim_source(opts: Any) -> Source:
     sim = Simulation(spec)
     src = Source(describe=f"simulated fleet: {spec.hosts} hosts, {spec.duration_s:g} s every {spec.interval_s:g} s, "
                           f"seed {spec.seed}, fault rate x{spec.fault_rate:g}",
-                 total=spec.ticks * spec.hosts, truth=sim.truth_records())
+                 total=spec.ticks * spec.hosts, truth=sim.truth_records(), fleet=_fleet(spec.hosts))
 
     def gen() -> Iterator[Sample]:
         # The simulator pushes encoded samples through a callback; a thread turns that into a stream
@@ -176,18 +189,32 @@ class Detection:
 
 
 class Remediation:
-    """The remediation worker in dry-run with a SQLite ticket store, on the stream clock."""
+    """The remediation worker in dry-run with a SQLite ticket store, on the stream clock. The guards
+    are those of ``--config`` (``[guards]``, policy, hooks: evaluated, never called) and count on the
+    config's ``[guards].nodes`` or else on the input's own fleet (:attr:`Source.fleet`)."""
 
     group = "fleethealth-remediation"
 
-    def __init__(self, bus: Bus, tickets: str, clock: Callable[[], float]) -> None:
-        from remediation.settings import AllSettings, RemediationSettings
+    def __init__(self, bus: Bus, tickets: str, clock: Callable[[], float], *, config: str | Path | None = None,
+                 fleet: list[tuple[str, str]] | None = None) -> None:
+        from fleethealth.config import load_config
+        from remediation.settings import load_settings
         from remediation.worker import RemediationWorker
 
         if not tickets.startswith("sqlite:"):
             raise UserError(f"--tickets {tickets!r}: use sqlite:PATH (or sqlite::memory:)")
         db = tickets[len("sqlite:"):] or ":memory:"
-        settings = AllSettings(remediation=RemediationSettings(dry_run=True, db=db, group=self.group))
+        settings = load_settings(load_config(config))
+        settings.remediation.dry_run, settings.remediation.db, settings.remediation.group = True, db, self.group
+        g = settings.guards
+        if not g.nodes and fleet:
+            g.nodes = [n for n, _ in fleet]
+            if not g.racks:
+                racks: dict[str, list[str]] = {}
+                for n, r in fleet:
+                    racks.setdefault(r, []).append(n)
+                g.racks = racks
+        self.settings = settings
         self.worker = RemediationWorker(settings, bus=bus, store=db, clock=clock)
         self.consumer = bus.consumer([INCIDENTS], self.group)
 

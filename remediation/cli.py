@@ -19,15 +19,17 @@ REMEDIATE_HELP = """\
 Consume fleet.incidents.v1 and act on each incident by the policy file: drain the node in Slurm or
 Kubernetes (never a node an operator drained by hand), hand GPU reset and reboot requests to the
 operator hook, open or update repair tickets. Every decision (done, refused, queued, dry-run) goes
-to fleet.actions.v1 and to the append-only audit table. Safety guards: at most 10% of a cluster and
-2 nodes per rack drained at once (the rest queued, with an alert), 1 drain per host per hour, a kill
-switch, and no action on an incident last seen more than 15 minutes ago ([guards] in the config).
+to fleet.actions.v1 and to the append-only audit table. Safety guards, counted on the scheduler's
+own node list (never on a message's cluster/rack labels): at most 10% of the cluster (or of each
+partition / node group) and 2 nodes per rack unavailable at once, 1 drain per host per hour (the
+rest queued, with an alert), a node the scheduler does not list refused, a kill switch, and no action
+on an incident last seen more than 15 minutes ago ([guards] in the config; docs/remediation.md).
+A GPU reset or reboot request goes out only once the node's drain is in place.
 """
 
 
 def _scheduler(kind: str, settings: Any) -> Any:
-    from remediation.scheduler import NoScheduler
-
+    """The scheduler adapter; None for "none" (the worker then uses [guards].nodes as its list)."""
     if kind == "slurm":
         from remediation.slurm import SlurmScheduler
 
@@ -36,7 +38,7 @@ def _scheduler(kind: str, settings: Any) -> Any:
         from remediation.kube import KubernetesScheduler
 
         return KubernetesScheduler(settings.kubernetes)
-    return NoScheduler()
+    return None
 
 
 def _apply_tickets_spec(spec: str | None, settings: Any) -> None:
@@ -53,7 +55,7 @@ def _apply_tickets_spec(spec: str | None, settings: Any) -> None:
 def cmd_remediate(args: argparse.Namespace) -> int:
     from remediation.metrics import RemediationMetrics
     from remediation.policy import load_policy
-    from remediation.settings import load_settings
+    from remediation.settings import check_guards, load_settings
     from remediation.store import RemediationStore
     from remediation.tickets import WebhookSink
     from remediation.worker import RemediationWorker
@@ -71,13 +73,14 @@ def cmd_remediate(args: argparse.Namespace) -> int:
         s.guards.kill_switch_file = args.kill_switch_file
     if args.max_incident_age:
         s.guards.max_incident_age_s = args.max_incident_age
+        check_guards(s.guards, "--max-incident-age")
     policy = load_policy(s.remediation.policy)  # validated before anything else starts
     scheduler = _scheduler(args.scheduler or s.remediation.scheduler, s)
     store = RemediationStore.open(s.remediation.db)
     sink = None
     if s.tickets.webhook:
         t = s.tickets
-        sink = WebhookSink(store.conn, t.webhook, timeout_s=t.webhook_timeout_s, attempts=t.webhook_attempts,
+        sink = WebhookSink(store.conn, s.tickets.webhook, timeout_s=t.webhook_timeout_s, attempts=t.webhook_attempts,
                            backoff_s=t.webhook_backoff_s)
     metrics = RemediationMetrics()
     if args.metrics_port:

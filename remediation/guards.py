@@ -1,10 +1,13 @@
 """Safety guards: pure checks that stand between a policy decision and an effect.
 
-Every drain, GPU reset and reboot request passes :func:`check`; each guard takes values (the
-incident's age, fleethealth's current drains, recent drains of the host, the cluster size, the kill
-switch) and returns a :class:`Verdict`. Past the cluster or rack cap the action is *queued* (and an
-alert fires); the other guards *refuse*. Nothing here reads a clock or a file: the worker passes
-``now`` and whether the kill-switch file exists.
+Every drain passes :func:`drain`; drains, GPU resets and reboot requests pass :func:`kill_switch`
+and :func:`freshness`. Each guard takes values and returns a :class:`Verdict`. What the drain
+guards count comes from the scheduler's own node list (:class:`DrainContext` is built by
+``Drainer.context`` from ``Scheduler.inventory()``), never from the incident's ``cluster`` / ``rack``
+labels: a sender chooses those. A node the scheduler does not list is *refused*; past the rate
+window, a group cap or a rack cap the drain is *queued* (one alert fires) and retried, never dropped.
+Nothing here reads a clock or a file: the worker passes ``now`` and whether the kill-switch file
+exists. ``docs/remediation.md`` lists every guard, what it trusts and why.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Literal
 
 from remediation.settings import GuardSettings
 
-GUARDS = ("kill_switch", "freshness", "rate_limit", "cluster_cap", "rack_cap", "cluster_size")
+GUARDS = ("kill_switch", "freshness", "inventory", "rate_limit", "cluster_cap", "group_cap", "rack_cap",
+          "rack_unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +34,27 @@ ALLOW = Verdict(True)
 
 
 @dataclass(frozen=True, slots=True)
+class GroupCount:
+    """One group a cap is taken over, as the scheduler lists it."""
+
+    name: str  # "cluster", or a partition / node-group name
+    size: int  # nodes the scheduler lists in it
+    unavailable: int  # of those, drained / down / cordoned now (or drained by fleethealth since the listing)
+
+
+@dataclass(frozen=True, slots=True)
 class DrainContext:
     """Everything the drain guards look at, as plain values."""
 
     host: str
-    cluster: str
-    rack: str
-    cluster_size: int | None  # None: unknown (neither config nor scheduler said)
-    drained_in_cluster: int  # nodes fleethealth holds drained now in this cluster
-    drained_in_rack: int
-    recent_drains_of_host: int  # drains of this host within the rate window
+    node: str
+    listed: bool  # the scheduler (or [guards].nodes) lists this node
+    groups: tuple[GroupCount, ...]  # every group the node belongs to (each cap must hold)
+    scope: str  # "cluster" | "group": names the guard in the verdict
+    rack: str  # from the scheduler or [guards].racks; "" = none known
+    rack_unavailable: int
+    racks_configured: bool  # a rack source is configured, so a node without one is a gap, not "no racks"
+    recent_drains_of_host: int  # drains of this node within the rate window (receiver's clock)
 
 
 def kill_switch(settings: GuardSettings, switch_file_exists: bool) -> Verdict:
@@ -51,35 +66,43 @@ def kill_switch(settings: GuardSettings, switch_file_exists: bool) -> Verdict:
 
 def freshness(settings: GuardSettings, last_seen: float, now: float) -> Verdict:
     age = now - last_seen
-    if age > settings.max_incident_age_s:
+    if not age <= settings.max_incident_age_s:  # NaN-proof
         return Verdict(False, "freshness", "refused",
                        f"incident is stale: last seen {age:.0f}s ago, bound is {settings.max_incident_age_s:.0f}s")
     return ALLOW
 
 
-def drain_allowance(settings: GuardSettings, cluster_size: int) -> int:
-    """How many nodes of a cluster fleethealth may hold drained at once."""
-    return max(settings.min_drain_allowance, math.floor(settings.max_drain_fraction * cluster_size + 1e-9))
+def drain_allowance(settings: GuardSettings, group_size: int) -> int:
+    """How many nodes of a group may be unavailable at once before fleethealth stops draining."""
+    return max(settings.min_drain_allowance, math.floor(settings.max_drain_fraction * group_size + 1e-9))
 
 
 def drain(settings: GuardSettings, ctx: DrainContext) -> Verdict:
-    """Rate limit, cluster cap and rack cap for one new drain (kill switch and freshness first)."""
+    """Inventory, rate window, group caps and rack cap for one new drain (kill switch and freshness first)."""
+    if not ctx.listed:
+        return Verdict(False, "inventory", "refused",
+                       f"node {ctx.node!r} is not in the scheduler's node list: not drained (telemetry names "
+                       "hosts; only the scheduler says which nodes exist)")
     if ctx.recent_drains_of_host >= settings.drains_per_host:
-        return Verdict(False, "rate_limit", "refused",
-                       f"rate limit: {ctx.host} was drained {ctx.recent_drains_of_host} time(s) in the last "
-                       f"{settings.rate_window_s:.0f}s (limit {settings.drains_per_host})")
-    if ctx.cluster_size is None:
-        return Verdict(False, "cluster_size", "refused",
-                       f"cluster size of {ctx.cluster!r} unknown: set [guards].cluster_sizes or use a scheduler "
-                       "that reports its node count")
-    cap = drain_allowance(settings, ctx.cluster_size)
-    if ctx.drained_in_cluster >= cap:
-        return Verdict(False, "cluster_cap", "queued",
-                       f"cluster cap: {ctx.drained_in_cluster} of {ctx.cluster_size} nodes in cluster "
-                       f"{ctx.cluster!r} already drained by fleethealth (limit {cap} = "
-                       f"{settings.max_drain_fraction:.0%}); drain of {ctx.host} queued")
-    if ctx.rack and ctx.drained_in_rack >= settings.max_drained_per_rack:
+        return Verdict(False, "rate_limit", "queued",
+                       f"rate window: {ctx.node} was drained {ctx.recent_drains_of_host} time(s) in the last "
+                       f"{settings.rate_window_s:.0f}s (limit {settings.drains_per_host}); drain queued until the "
+                       "window allows it")
+    for g in ctx.groups:
+        cap = drain_allowance(settings, g.size)
+        if g.unavailable >= cap:
+            guard = "cluster_cap" if ctx.scope == "cluster" else "group_cap"
+            what = "cluster" if ctx.scope == "cluster" else f"group {g.name!r}"
+            return Verdict(False, guard, "queued",
+                           f"{guard.replace('_', ' ')}: {g.unavailable} of {g.size} nodes in {what} are unavailable "
+                           f"per the scheduler (limit {cap} = {settings.max_drain_fraction:.0%}, min "
+                           f"{settings.min_drain_allowance}); drain of {ctx.node} queued")
+    if ctx.racks_configured and not ctx.rack:
+        return Verdict(False, "rack_unknown", "queued",
+                       f"rack of {ctx.node} unknown (racks are configured, this node has none): drain queued "
+                       "until the scheduler or [guards].racks names its rack")
+    if ctx.rack and ctx.rack_unavailable >= settings.max_drained_per_rack:
         return Verdict(False, "rack_cap", "queued",
-                       f"rack cap: {ctx.drained_in_rack} nodes of rack {ctx.rack!r} already drained "
-                       f"(limit {settings.max_drained_per_rack}); drain of {ctx.host} queued")
+                       f"rack cap: {ctx.rack_unavailable} nodes of rack {ctx.rack!r} are unavailable "
+                       f"(limit {settings.max_drained_per_rack}); drain of {ctx.node} queued")
     return ALLOW

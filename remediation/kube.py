@@ -64,11 +64,19 @@ class KubernetesScheduler:
     def node_name(self, host: str) -> str:
         return self.s.node_names.get(host, host)
 
-    def node_state(self, node: str) -> NodeState:
-        n = self._call("get node", node, self.api.read_node, node)
+    def _state(self, n: Any) -> NodeState:
+        name = n.metadata.name
         cordoned = bool(n.spec and n.spec.unschedulable)
-        reason = ((n.metadata.annotations or {}) if n.metadata else {}).get(REASON_ANNOTATION, "")
-        return NodeState(node, "cordoned" if cordoned else "schedulable", cordoned, reason if cordoned else "")
+        annotations = (n.metadata.annotations or {}) if n.metadata else {}
+        labels = (n.metadata.labels or {}) if n.metadata else {}
+        reason = annotations.get(REASON_ANNOTATION, "")
+        group = labels.get(self.s.group_label, "") if self.s.group_label else ""
+        rack = labels.get(self.s.rack_label, "") if self.s.rack_label else ""
+        return NodeState(name, "cordoned" if cordoned else "schedulable", cordoned, reason if cordoned else "",
+                         groups=(group,) if group else (), rack=rack)
+
+    def node_state(self, node: str) -> NodeState:
+        return self._state(self._call("get node", node, self.api.read_node, node))
 
     def _taints(self, node: str) -> list[dict[str, Any]]:
         n = self._call("get node", node, self.api.read_node, node)
@@ -128,6 +136,6 @@ class KubernetesScheduler:
                 "spec": {"unschedulable": False, "taints": taints}}
         self._call("uncordon", node, self.api.patch_node, node, body)
 
-    def cluster_size(self) -> int | None:
+    def inventory(self) -> dict[str, NodeState]:
         nodes = self._call("list", "nodes", self.api.list_node)
-        return len(nodes.items) or None
+        return {st.node: st for st in (self._state(n) for n in nodes.items)}

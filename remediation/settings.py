@@ -1,10 +1,15 @@
 """Configuration of the remediation part: the ``[remediation]``, ``[guards]``, ``[slurm]``,
 ``[kubernetes]`` and ``[tickets]`` sections of the TOML config, each validated with file + key
-errors by :func:`fleethealth.config.section`."""
+errors by :func:`fleethealth.config.section`.
+
+Every guard setting is bounded: a value that would switch a guard off (``inf``, NaN, an allowance of
+a million nodes, a rate window of a second) fails start-up naming the file and key, because an
+operator who wanted a guard off has the kill switch's opposite, not a typo, to say so."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -13,7 +18,8 @@ from fleethealth.config import Config, ConfigError
 
 Fraction = Annotated[float, Meta(gt=0.0, le=1.0)]
 PosInt = Annotated[int, Meta(ge=0)]
-Seconds = Annotated[float, Meta(gt=0.0)]
+Seconds = Annotated[float, Meta(gt=0.0, le=86400.0 * 366)]
+DAY = 86400.0
 HookSpec = list[str] | str | None  # argv template, or an http(s):// URL
 
 
@@ -30,26 +36,41 @@ class HookSettings(_S):
     reboot: HookSpec = None
     alert: HookSpec = None
     annotate: HookSpec = None
-    timeout_s: Seconds = 30.0
+    # Run before a node is resumed ({node}, {host}); exit 0 / 2xx = the node passed and may resume.
+    post_repair_check: HookSpec = None
+    post_repair_retry_s: Annotated[float, Meta(ge=10.0, le=DAY)] = 600.0  # after a failed check
+    timeout_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 30.0
 
 
 class GuardSettings(_S):
-    max_drain_fraction: Fraction = 0.10  # of a cluster drained by fleethealth at once
-    min_drain_allowance: PosInt = 1  # a tiny cluster may still drain this many
-    max_drained_per_rack: PosInt = 2
-    drains_per_host: PosInt = 1  # per rate_window_s
-    rate_window_s: Seconds = 3600.0
-    max_incident_age_s: Seconds = 900.0  # never act on an incident last seen longer ago
+    """The safety guards. Group sizes, drained counts and rack membership come from the scheduler's
+    node list (or the operator's ``nodes`` / ``racks`` below), never from labels in a message."""
+
+    max_drain_fraction: Fraction = 0.10  # of a group (cluster or partition) unavailable at once
+    min_drain_allowance: Annotated[int, Meta(ge=0, le=64)] = 1  # a tiny group may still drain this many
+    max_drained_per_rack: Annotated[int, Meta(ge=0, le=256)] = 2
+    drains_per_host: Annotated[int, Meta(ge=1, le=10)] = 1  # per rate_window_s
+    rate_window_s: Annotated[float, Meta(ge=60.0, le=7 * DAY)] = 3600.0
+    max_incident_age_s: Annotated[float, Meta(ge=1.0, le=DAY)] = 900.0  # never act on an older incident
     kill_switch: bool = False
     kill_switch_file: str | None = None  # the file existing engages the switch
-    cluster_sizes: dict[str, Annotated[int, Meta(ge=1)]] = {}  # else asked of the scheduler
+    # What a cap is taken over: the whole scheduler ("cluster"), or each Slurm partition / each value
+    # of [kubernetes].group_label ("group"; a node in several partitions must fit every one).
+    cap_scope: Literal["cluster", "group"] = "cluster"
+    # Which unavailable nodes count against a cap: every drained/down/cordoned node the scheduler
+    # shows ("all": capacity already lost, whoever took it) or only those drained by fleethealth.
+    count_drained: Literal["all", "fleethealth"] = "all"
+    racks: dict[str, list[str]] = {}  # rack -> Slurm-style host lists; overrides the scheduler's rack
+    nodes: list[str] = []  # static inventory (host lists) for --scheduler none (dry runs)
+    inventory_ttl_s: Annotated[float, Meta(ge=0.0, le=300.0)] = 10.0  # re-read the node list this often
 
 
 class SlurmSettings(_S):
     scontrol: str = "scontrol"
     sinfo: str = "sinfo"
-    timeout_s: Seconds = 15.0
+    timeout_s: Annotated[float, Meta(gt=0.0, le=600.0)] = 15.0
     node_names: dict[str, str] = {}  # host name -> Slurm NodeName (identity when absent)
+    rack_feature_prefix: str | None = None  # e.g. "rack_": node feature rack_r07 puts the node in rack r07
 
 
 class KubeSettings(_S):
@@ -57,16 +78,18 @@ class KubeSettings(_S):
     context: str | None = None
     host: str | None = None  # API server URL; overrides kubeconfig (tests, in-cluster proxies)
     evict: bool = True
-    request_timeout_s: Seconds = 10.0
+    request_timeout_s: Annotated[float, Meta(gt=0.0, le=600.0)] = 10.0
     node_names: dict[str, str] = {}
+    group_label: str | None = None  # node label whose value is the node group (cap_scope = "group")
+    rack_label: str | None = None  # node label whose value is the rack, e.g. "topology.example.com/rack"
 
 
 class TicketSettings(_S):
     webhook: str | None = None
-    webhook_timeout_s: Seconds = 5.0
+    webhook_timeout_s: Annotated[float, Meta(gt=0.0, le=300.0)] = 5.0
     webhook_attempts: Annotated[int, Meta(ge=1, le=20)] = 3
-    webhook_backoff_s: Annotated[float, Meta(ge=0.0)] = 0.5
-    recurrence_window_days: Seconds = 30.0
+    webhook_backoff_s: Annotated[float, Meta(ge=0.0, le=300.0)] = 0.5
+    recurrence_window_days: Annotated[float, Meta(gt=0.0, le=3650.0)] = 30.0
 
 
 class RemediationSettings(_S):
@@ -86,8 +109,28 @@ class AllSettings(_S):
     tickets: TicketSettings = msgspec.field(default_factory=TicketSettings)
 
 
+REMOVED = {
+    "cluster_sizes": "group sizes now come from the scheduler's node list (or [guards].nodes for "
+                     "--scheduler none); a size keyed by a message's cluster label is what a forged label bypassed",
+}
+
+
+def _finite(cfg: Config, where: str, data: Any) -> None:
+    """NaN / inf anywhere in a section is an error naming the key (bounds alone let NaN through)."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            _finite(cfg, f"{where}.{k}", v)
+    elif isinstance(data, float) and not math.isfinite(data):
+        raise ConfigError(f"{cfg.name}: {where}: {data!r} is not a finite number")
+
+
 def load_settings(cfg: Config | None = None) -> AllSettings:
     cfg = cfg or Config({}, None)
+    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets"):
+        _finite(cfg, f"[{name}]", cfg.raw.get(name, {}))
+    for key, why in REMOVED.items():
+        if key in cfg.raw.get("guards", {}):
+            raise ConfigError(f"{cfg.name}: [guards].{key}: no longer read: {why}")
     s = AllSettings(
         remediation=cfg.section("remediation", RemediationSettings),
         guards=cfg.section("guards", GuardSettings),
@@ -102,4 +145,29 @@ def load_settings(cfg: Config | None = None) -> AllSettings:
                               "give a command as a list, e.g. [\"/usr/local/bin/request-reset\", \"{host}\"]")
         if isinstance(spec, list) and not spec:
             raise ConfigError(f"{cfg.name}: [remediation.hooks].{name}: empty command")
+    check_guards(s.guards, cfg.name)
     return s
+
+
+def check_guards(g: GuardSettings, where: str = "<settings>") -> None:
+    """Checks msgspec bounds cannot express; also run on values set from the command line."""
+    for k in ("max_drain_fraction", "rate_window_s", "max_incident_age_s", "inventory_ttl_s"):
+        v = getattr(g, k)
+        if not math.isfinite(v):
+            raise ConfigError(f"{where}: [guards].{k}: {v!r} is not a finite number")
+    if not 1.0 <= g.max_incident_age_s <= DAY:
+        raise ConfigError(f"{where}: [guards].max_incident_age_s: {g.max_incident_age_s!r} is outside "
+                          f"1..{DAY:.0f} s (a larger bound acts on day-old incidents)")
+    from remediation.scheduler import expand_hostlist
+
+    for rack, lists in g.racks.items():
+        for expr in lists:
+            try:
+                expand_hostlist(expr)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: [guards].racks.{rack}: {exc}") from None
+    for expr in g.nodes:
+        try:
+            expand_hostlist(expr)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: [guards].nodes: {exc}") from None

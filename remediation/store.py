@@ -37,6 +37,7 @@ CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
 CREATE TABLE IF NOT EXISTS drains (
   node TEXT PRIMARY KEY, host TEXT NOT NULL, cluster TEXT NOT NULL, rack TEXT NOT NULL,
   incident_id TEXT NOT NULL, failure_mode TEXT NOT NULL, ts REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS drains_ts ON drains(ts);
 CREATE TABLE IF NOT EXISTS holds (
   node TEXT NOT NULL, incident_id TEXT NOT NULL, host TEXT NOT NULL, component TEXT NOT NULL,
   ts REAL NOT NULL, PRIMARY KEY (node, incident_id));
@@ -49,6 +50,12 @@ CREATE TABLE IF NOT EXISTS sightings (
 CREATE INDEX IF NOT EXISTS sightings_comp ON sightings(host, component, failure_mode, first_seen);
 CREATE TABLE IF NOT EXISTS health (
   host TEXT NOT NULL, component TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY (host, component));
+CREATE TABLE IF NOT EXISTS episodes (
+  incident_id TEXT PRIMARY KEY, host TEXT NOT NULL, component TEXT NOT NULL, opened REAL NOT NULL,
+  resolved REAL);
+CREATE INDEX IF NOT EXISTS episodes_open ON episodes(host) WHERE resolved IS NULL;
+CREATE TABLE IF NOT EXISTS dry_run_nodes (
+  node TEXT PRIMARY KEY, reason TEXT NOT NULL, ts REAL NOT NULL);
 """
 
 
@@ -128,6 +135,10 @@ class RemediationStore:
         row = self.conn.execute("SELECT status, detail FROM effects WHERE key=?", (key,)).fetchone()
         return (row["status"], row["detail"]) if row else None
 
+    def effect_ts(self, key: str) -> float | None:
+        row = self.conn.execute("SELECT ts FROM effects WHERE key=?", (key,)).fetchone()
+        return float(row["ts"]) if row else None
+
     def set_effect(self, key: str, incident_id: str, kind: str, target: str, status: str, ts: float,
                    detail: str = "") -> None:
         with self.tx() as c:
@@ -147,7 +158,7 @@ class RemediationStore:
         return self.conn.execute(f"SELECT * FROM audit WHERE {cond} ORDER BY seq", tuple(where.values())).fetchall()
 
     def drains_done_since(self, host: str, since: float) -> int:
-        row = self.conn.execute("SELECT COUNT(*) FROM audit WHERE host=? AND kind='drain' AND outcome='done' "
+        row = self.conn.execute("SELECT COUNT(*) FROM audit WHERE host=? AND kind='drain' AND outcome IN ('done', 'dry_run') "
                                 "AND ts>=? AND json_extract(record, '$.details.step') IS NULL", (host, since)).fetchone()
         return int(row[0])
 
@@ -165,6 +176,10 @@ class RemediationStore:
     def holds(self, node: str) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM holds WHERE node=?", (node,)).fetchall()
 
+    def holds_incident(self, node: str, incident_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM holds WHERE node=? AND incident_id=?",
+                                 (node, incident_id)).fetchone() is not None
+
     def remove_drain(self, node: str) -> None:
         with self.tx() as c:
             c.execute("DELETE FROM drains WHERE node=?", (node,))
@@ -173,6 +188,10 @@ class RemediationStore:
     def drain_of(self, node: str) -> DrainRow | None:
         row = self.conn.execute("SELECT * FROM drains WHERE node=?", (node,)).fetchone()
         return DrainRow(**dict(row)) if row else None
+
+    def drained_since(self, ts: float) -> list[tuple[str, float]]:
+        """(node, ts) of the drains this state DB made at or after ``ts`` (and still holds)."""
+        return [(r[0], float(r[1])) for r in self.conn.execute("SELECT node, ts FROM drains WHERE ts>=?", (ts,))]
 
     def active_drains(self, cluster: str | None = None) -> list[DrainRow]:
         if cluster is None:
@@ -221,6 +240,44 @@ class RemediationStore:
                       "ts=MAX(ts, excluded.ts)", (host, component, ts))
 
     def healthy_since(self, host: str, component: str) -> float | None:
-        row = self.conn.execute("SELECT MAX(ts) FROM health WHERE host=? AND component IN (?, 'host')",
-                                (host, component)).fetchone()
-        return row[0]
+        """When ``component`` of ``host`` last reported healthy (``host`` never stands in for a GPU)."""
+        row = self.conn.execute("SELECT ts FROM health WHERE host=? AND component=?", (host, component)).fetchone()
+        return float(row[0]) if row else None
+
+    # ------------------------------------------------------------------ episodes (resolution per incident id)
+
+    def note_open(self, incident_id: str, host: str, component: str, ts: float) -> None:
+        """An episode is open (first sighting wins; a late update after the resolution changes nothing)."""
+        with self.tx() as c:
+            c.execute("INSERT OR IGNORE INTO episodes(incident_id, host, component, opened) VALUES (?,?,?,?)",
+                      (incident_id, host, component, ts))
+
+    def note_resolved(self, incident_id: str, host: str, component: str, ts: float) -> None:
+        with self.tx() as c:
+            c.execute("INSERT INTO episodes(incident_id, host, component, opened, resolved) VALUES (?,?,?,?,?) "
+                      "ON CONFLICT(incident_id) DO UPDATE SET resolved=COALESCE(resolved, excluded.resolved)",
+                      (incident_id, host, component, ts, ts))
+
+    def is_resolved(self, incident_id: str) -> bool:
+        row = self.conn.execute("SELECT resolved FROM episodes WHERE incident_id=?", (incident_id,)).fetchone()
+        return row is not None and row[0] is not None
+
+    def open_episodes(self, host: str) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM episodes WHERE host=? AND resolved IS NULL ORDER BY opened",
+                                 (host,)).fetchall()
+
+    # ------------------------------------------------------------------ dry-run scheduler overlay
+
+    def dry_run_drained(self) -> dict[str, str]:
+        return {r["node"]: r["reason"] for r in self.conn.execute("SELECT node, reason FROM dry_run_nodes")}
+
+    def dry_run_reason(self, node: str) -> str | None:
+        row = self.conn.execute("SELECT reason FROM dry_run_nodes WHERE node=?", (node,)).fetchone()
+        return row[0] if row else None
+
+    def set_dry_run_drained(self, node: str, reason: str | None, ts: float) -> None:
+        with self.tx() as c:
+            if reason is None:
+                c.execute("DELETE FROM dry_run_nodes WHERE node=?", (node,))
+            else:
+                c.execute("INSERT OR REPLACE INTO dry_run_nodes VALUES (?,?,?)", (node, reason, ts))

@@ -4,7 +4,10 @@ States: ``open`` -> ``in_repair`` -> ``repaired`` | ``closed``. A recurring faul
 component updates the open ticket (and escalates its priority) instead of opening another.
 Every ticket event is also written, in the same transaction, to an ``outbox`` table; a
 :class:`WebhookSink` POSTs outbox rows as JSON with retries and exponential backoff and deletes a
-row only once the receiver answered 2xx — a down or slow webhook loses nothing.
+row only once the receiver answered 2xx — a down or slow webhook loses nothing. A row the receiver
+refuses for good (a 4xx other than 408/429: too large, malformed for it, unauthorised) moves to
+``outbox_dead`` with the status and the receiver's words, and the rows behind it go on; a 5xx, a
+timeout or a refused connection keeps the row (and the order) and retries with backoff.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ CREATE TABLE IF NOT EXISTS outbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, ticket_id INTEGER NOT NULL, event TEXT NOT NULL,
   payload TEXT NOT NULL, created REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
   next_attempt REAL NOT NULL, last_error TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS outbox_dead (
+  seq INTEGER PRIMARY KEY, ticket_id INTEGER NOT NULL, event TEXT NOT NULL, payload TEXT NOT NULL,
+  created REAL NOT NULL, attempts INTEGER NOT NULL, failed_at REAL NOT NULL, status INTEGER NOT NULL,
+  reason TEXT NOT NULL);
 """
 
 
@@ -184,6 +191,14 @@ class DeliveryReport:
     sent: int
     failed: int
     pending: int
+    dead: int = 0  # moved to outbox_dead in this round (the receiver refused them for good)
+
+
+@dataclass(frozen=True, slots=True)
+class PostResult:
+    ok: bool
+    error: str = ""
+    permanent_status: int = 0  # a 4xx the receiver will give again: no retry helps
 
 
 class WebhookSink:
@@ -200,8 +215,11 @@ class WebhookSink:
     def pending(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
-    def _post(self, seq: int, payload: str) -> str | None:
-        """One delivery with in-call retries; None on success, else the last error."""
+    def dead(self) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM outbox_dead ORDER BY seq").fetchall()
+
+    def _post(self, seq: int, payload: str) -> PostResult:
+        """One delivery with in-call retries (5xx, 408, 429, timeouts, connection errors)."""
         err = ""
         for i in range(self.attempts):
             if i:
@@ -213,32 +231,56 @@ class WebhookSink:
                 err = f"{type(exc).__name__}: {exc}"
                 continue
             if 200 <= r.status_code < 300:
-                return None
+                return PostResult(True)
             err = f"HTTP {r.status_code}: {r.text[:200]}"
             if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
-                break  # the receiver rejects it; retrying now will not help
-        return err
+                return PostResult(False, err, r.status_code)  # the receiver rejects this event
+        return PostResult(False, err)
 
     def deliver(self, limit: int = 100) -> DeliveryReport:
         now = self.clock()
-        rows = self.conn.execute("SELECT seq, payload, attempts FROM outbox WHERE next_attempt<=? ORDER BY seq LIMIT ?",
+        rows = self.conn.execute("SELECT seq, ticket_id, payload, attempts FROM outbox WHERE next_attempt<=? "
+                                 "ORDER BY seq LIMIT ?",
                                  (now, limit)).fetchall()
-        sent = failed = 0
+        sent = failed = dead = 0
         for r in rows:
-            err = self._post(r["seq"], r["payload"])
-            if err is None:
+            res = self._post(r["seq"], r["payload"])
+            if res.ok:
                 self.conn.execute("DELETE FROM outbox WHERE seq=?", (r["seq"],))
                 sent += 1
                 continue
             failed += 1
             attempts = r["attempts"] + 1
+            if res.permanent_status:  # this event will never be taken: set it aside, deliver the rest
+                dead += 1
+                own = not self.conn.in_transaction
+                if own:
+                    self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO outbox_dead(seq, ticket_id, event, payload, created, attempts, "
+                        "failed_at, status, reason) SELECT seq, ticket_id, event, payload, created, ?, ?, ?, ? "
+                        "FROM outbox WHERE seq=?",
+                        (attempts, self.clock(), res.permanent_status, res.error[:1000], r["seq"]))
+                    self.conn.execute("DELETE FROM outbox WHERE seq=?", (r["seq"],))
+                except BaseException:
+                    if own:
+                        self.conn.execute("ROLLBACK")
+                    raise
+                if own:
+                    self.conn.execute("COMMIT")
+                log.error("ticket webhook refused an event for good; moved to outbox_dead, later events go on",
+                          extra={"seq": r["seq"], "ticket": r["ticket_id"], "status": res.permanent_status,
+                                 "error": res.error[:200]})
+                continue
             delay = min(3600.0, max(self.backoff_s, 0.01) * (2 ** min(attempts, 12)))
             self.conn.execute("UPDATE outbox SET attempts=?, next_attempt=?, last_error=? WHERE seq=?",
-                              (attempts, self.clock() + delay, err[:1000], r["seq"]))
+                              (attempts, self.clock() + delay, res.error[:1000], r["seq"]))
             log.warning("ticket webhook delivery failed; kept in outbox",
-                        extra={"seq": r["seq"], "attempts": attempts, "retry_in_s": round(delay, 2), "error": err[:200]})
-            break  # keep order: later events wait for this one
-        return DeliveryReport(sent, failed, self.pending())
+                        extra={"seq": r["seq"], "attempts": attempts, "retry_in_s": round(delay, 2),
+                               "error": res.error[:200]})
+            break  # the receiver is down or slow: keep order, later events wait for this one
+        return DeliveryReport(sent, failed, self.pending(), dead)
 
 
 def discard_outbox(conn: sqlite3.Connection) -> None:

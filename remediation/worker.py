@@ -12,6 +12,14 @@ drain or hook call it writes the key as ``intent``; the outcome, the audit row a
 drain bookkeeping commit together afterwards. A worker killed between the effect and that commit
 finds ``intent`` on restart and asks the scheduler: a node already drained with this incident's
 reason is recorded as done, never drained again.
+
+Order of effects: a GPU reset or reboot request goes out only once the scheduler shows this
+incident's drain in place on the node (then exactly once, by its key); while the drain is queued
+behind a guard the request is queued too. A resolution is tracked per incident id; a node is resumed
+only when every episode on its host has resolved (see ``Drainer.check_resumes``).
+
+In a dry run the scheduler is wrapped in :class:`~remediation.scheduler.DryRunScheduler`: the guards,
+queue and resume run as live against the real node list, and only the effects are left out.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from remediation.drainer import Drainer
 from remediation.hooks import OperatorHooks
 from remediation.metrics import RemediationMetrics
 from remediation.policy import History, Policy, load_policy
-from remediation.scheduler import NoScheduler, Scheduler
+from remediation.scheduler import DryRunScheduler, NoScheduler, Scheduler, expand_hostlist
 from remediation.settings import AllSettings
 from remediation.store import FINAL, RemediationStore
 from remediation.tickets import TicketStore, WebhookSink, discard_outbox
@@ -61,13 +69,17 @@ class RemediationWorker:
             store = RemediationStore.open(store or rs.db)
         self.store = store
         self.tickets = TicketStore(store.conn)
-        self.scheduler: Scheduler = scheduler or NoScheduler()
+        self.real_scheduler: Scheduler = scheduler or NoScheduler(
+            [n for expr in self.settings.guards.nodes for n in expand_hostlist(expr)])
+        self.dry_run = rs.dry_run
+        # what every decision reads and drains through; in a dry run, an overlay that changes nothing
+        self.scheduler: Scheduler = DryRunScheduler(self.real_scheduler, store) if self.dry_run \
+            else self.real_scheduler
         self.policy = policy or load_policy(rs.policy)
         self.hooks = hooks or OperatorHooks(rs.hooks)
         self.sink = ticket_sink
         self.metrics = metrics or RemediationMetrics()
         self.clock = clock
-        self.dry_run = rs.dry_run
         self.consumer_name = consumer_name
         self.crash_after = os.environ.get(CRASH_ENV, "")
         self.drainer = Drainer(self)
@@ -126,21 +138,25 @@ class RemediationWorker:
 
     def handle(self, inc: Incident) -> list[ActionRecord]:
         self.metrics.incidents.labels(inc.state).inc()
-        if inc.state == "resolved" or inc.failure_mode == "healthy":
-            self.store.note_healthy(inc.host, inc.component, max(inc.last_seen, self.clock()))
+        now = self.clock()  # the receiver's clock: a message's own timestamps never stand in for it
+        if inc.state == "resolved":
+            self.store.note_resolved(inc.id, inc.host, inc.component, now)
+            self.store.note_healthy(inc.host, inc.component, now)
+            return self.drainer.on_healthy(inc)
+        if inc.failure_mode == "healthy":
+            self.store.note_healthy(inc.host, inc.component, now)
             return self.drainer.on_healthy(inc)
         hist = self.history(inc)
-        self.store.note_sighting(inc.id, inc.host, inc.component, inc.failure_mode, inc.first_seen)
+        with self.store.tx():
+            self.store.note_sighting(inc.id, inc.host, inc.component, inc.failure_mode, inc.first_seen)
+            self.store.note_open(inc.id, inc.host, inc.component, now)
         decision = self.policy.decide(inc, hist)
         out: list[ActionRecord] = []
-        drained: str | None = None
         for action in decision.actions:
             if action == "drain":
-                recs = self.drainer.drain(inc, decision.reason)
-                drained = next((r.outcome for r in recs if r.kind == "drain" and "step" not in r.details), "done")
-                out += recs
+                out += self.drainer.drain(inc, decision.reason)
             elif action in ("reset_gpu", "reboot"):
-                out += self._hook_request(inc, action, decision.reason, drained)
+                out += self.hook_request(inc, action, decision.reason)
             elif action == "ticket":
                 out += self._ticket(inc, decision.ticket_priority, decision.reason, hist)
             elif action in ("alert", "annotate"):
@@ -151,44 +167,69 @@ class RemediationWorker:
                     out.append(self.emit(inc, "noop", inc.host, "skipped", decision.reason, key=key))
         return out
 
-    def _hook_request(self, inc: Incident, action: str, why: str, drained: str | None) -> list[ActionRecord]:
+    def hook_request(self, inc: Incident, action: str, why: str, *, from_queue: bool = False) -> list[ActionRecord]:
+        """A GPU reset or reboot request, handed to the operator hook only once the scheduler shows
+        this incident's drain in place on the node; queued while that drain is queued."""
         kind = "reset_gpu" if action == "reset_gpu" else "reboot_request"
         target = f"{inc.host}/{inc.component}" if action == "reset_gpu" else inc.host
         key = f"{inc.id}|{kind}|{target}"
         st = self.decided(key)
-        if st in FINAL:
+        if st in FINAL or (st == "queued" and not from_queue):
             return []
+        done = (lambda: self.store.dequeue(key)) if from_queue else None
         if st == "intent":  # killed after calling the hook, before recording: never call it twice
             return [self.emit(inc, kind, target, "skipped", "interrupted after the hook was called; outcome "
-                              "unknown, not repeated (check the operator queue)", key=key)]
-        v = self.gate(inc)
+                              "unknown, not repeated (check the operator queue)", key=key, in_tx=done)]
+        v = self.gate(inc, fresh=not from_queue)
         if not v.allow:
-            return [self.emit(inc, kind, target, v.outcome, v.reason, key=key, details={"guard": v.guard})]
-        if drained is not None and drained not in ("done", "skipped", "dry_run"):
+            if from_queue and v.guard == "kill_switch":
+                return []
+            return [self.emit(inc, kind, target, v.outcome, v.reason, key=key, details={"guard": v.guard},
+                              in_tx=done)]
+        node = self.scheduler.node_name(inc.host)
+        in_place, state = self.drainer.drain_in_place(inc, node)
+        if not in_place:
+            drain_st = self.decided(f"{inc.id}|drain|{node}")
+            if drain_st == "queued":  # the drain waits on a guard: so does the request
+                if from_queue:
+                    return []
+                payload = {"incident": encode(inc).decode(), "why": why, "node": node, "target": target}
+                return [self.emit(inc, kind, target, "queued",
+                                  f"{action} waits for the drain of {node} (queued behind a guard): {state}", key=key,
+                                  details={"node": node},
+                                  in_tx=lambda: self.store.enqueue(key, kind, inc.host, inc.cluster, payload,
+                                                                   f"waiting for the drain of {node}", self.clock()))]
+            self.metrics.refusals.labels("not_drained").inc()
             return [self.emit(inc, kind, target, "refused",
-                              f"node not drained (drain {drained}): {action} not requested on a busy node", key=key)]
+                              f"{action} not requested: {state} (drain {drain_st or 'not requested'}); a reset or "
+                              "reboot goes only to a node whose drain is in place", key=key,
+                              details={"node": node, "guard": "not_drained"}, in_tx=done)]
         if self.dry_run:
             return [self.emit(inc, kind, target, "dry_run", f"would request {action} via the operator hook: {why}",
-                              key=key)]
+                              key=key, details={"node": node}, in_tx=done)]
         fields = {"host": inc.host, "component": inc.component, "incident": inc.id,
-                  "failure_mode": inc.failure_mode, "node": self.scheduler.node_name(inc.host), "reason": why}
+                  "failure_mode": inc.failure_mode, "node": node, "reason": why}
         if not self.hooks.configured(action):
             return [self.emit(inc, kind, target, "skipped",
-                              f"no operator hook configured for {action}; request left to a person", key=key)]
+                              f"no operator hook configured for {action}; request left to a person", key=key,
+                              in_tx=done)]
         self.store.set_effect(key, inc.id, kind, target, "intent", self.clock())
         res = self.hooks.call(action, fields, {"action": kind, **fields})
         return [self.emit(inc, kind, target, "done" if res.ok else "failed",
-                          f"{action} request handed to the operator hook: {res.detail}", key=key,
-                          details={"hook": res.detail[:500]})]
+                          f"{action} request handed to the operator hook ({state}): {res.detail}", key=key,
+                          details={"hook": res.detail[:500], "node": node}, in_tx=done)]
 
     def _ticket(self, inc: Incident, priority: str, why: str, hist: History) -> list[ActionRecord]:
         target = f"{inc.host}/{inc.component}"
         key = f"{inc.id}|ticket|{target}#{inc.update_seq}"
         if self.decided(key) in FINAL:
             return []
-        if self.dry_run:
-            return [self.emit(inc, "ticket_opened", target, "dry_run", f"would open/update a {priority} ticket: {why}",
-                              key=key)]
+        if self.dry_run:  # no ticket is written; the first would open one, later ones would update it
+            opened = self.store.conn.execute("SELECT 1 FROM effects WHERE kind='ticket_opened' AND target=? "
+                                             "AND status='dry_run' LIMIT 1", (target,)).fetchone() is not None
+            kind = "ticket_updated" if opened else "ticket_opened"
+            return [self.emit(inc, kind, target, "dry_run",
+                              f"would {'update the' if opened else 'open a'} {priority} ticket: {why}", key=key)]
         box: dict[str, str] = {}
 
         def write() -> None:

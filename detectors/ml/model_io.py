@@ -118,12 +118,21 @@ def load_model(model_dir: Path, name: str, feature_spec: int,
             diff = sorted(theirs ^ ours)[:5] or ["(same names, different order)"]
             raise ModelError(f"{sidecar}: {kind} feature list differs from this build's "
                              f"({', '.join(diff)}); retrain with `fleethealth train`")
-    archive = model_dir / str(meta.get("archive", f"{name}.skops"))
+    archive_name = str(meta.get("archive", f"{name}.skops"))
+    archive = model_dir / archive_name
+    if Path(archive_name).name != archive_name or archive_name in ("", ".", "..") or \
+            archive.resolve().parent != model_dir.resolve():
+        raise ModelError(f"{sidecar}: archive {archive_name!r} must be a file name inside {model_dir} "
+                         "(no path separators, no '..', no link out of the folder)")
     if not archive.exists():
         raise ModelError(f"{archive}: model archive missing (sidecar present)")
     if meta.get("sha256") != _sha256(archive):
         raise ModelError(f"{archive}: sha256 does not match the sidecar; the archive was changed after training")
-    untrusted = [t for t in sio.get_untrusted_types(file=archive) if t not in TRUSTED_TYPES]
+    try:
+        listed = sio.get_untrusted_types(file=archive)
+    except Exception as exc:  # not a zip, a torn file: skops raises BadZipFile and others
+        raise ModelError(f"{archive}: not a readable skops archive: {type(exc).__name__}: {exc}") from None
+    untrusted = [t for t in listed if t not in TRUSTED_TYPES]
     if untrusted:
         raise ModelError(f"{archive}: refusing to load untrusted types: {', '.join(sorted(untrusted))}")
     try:

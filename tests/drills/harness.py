@@ -131,7 +131,7 @@ def detect(name: str, tmp: Path, bootstrap: str, group: str, *extra: str) -> Pro
 def remediate(name: str, tmp: Path, bootstrap: str, group: str, db: Path, *extra: str,
               env: dict[str, str] | None = None) -> Proc:
     return spawn(name, cli("remediate", "--bus", f"kafka:{bootstrap}", "--group", group, "--state-db", str(db),
-                           "--metrics-port", "0", "--max-incident-age", "1e9", *extra), tmp, env)
+                           "--metrics-port", "0", "--max-incident-age", "86400", *extra), tmp, env)
 
 
 def rss_kib(pid: int) -> int:

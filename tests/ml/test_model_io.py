@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -110,3 +111,32 @@ def test_the_shipped_model_loads_and_is_small() -> None:
     dets = load_ml_detectors()
     assert [d.name for d in dets] == ["model:fault_classifier@1", "model:peer_anomaly@1"]
     assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) < 5 * 1024 * 1024
+
+
+@pytest.mark.parametrize("archive", ["/etc/passwd", "../outside.skops", "sub/x.skops", ".."])
+def test_sidecar_archive_outside_the_model_folder_is_refused(model_dir: Path, tmp_path: Path, archive: str) -> None:
+    d = _copy(model_dir, tmp_path / "m")
+    side = d / f"{SUPERVISED_NAME}.json"
+    meta = json.loads(side.read_text())
+    meta["archive"] = archive
+    side.write_text(json.dumps(meta))
+    with pytest.raises(ModelError, match="must be a file name inside"):
+        load_supervised(d)
+
+
+def test_symlink_out_of_the_folder_and_non_zip_archive_are_model_errors(model_dir: Path, tmp_path: Path) -> None:
+    d = _copy(model_dir, tmp_path / "m")
+    side = d / f"{SUPERVISED_NAME}.json"
+    meta = json.loads(side.read_text())
+    outside = tmp_path / "elsewhere.skops"
+    shutil.copy(d / meta["archive"], outside)
+    (d / "link.skops").symlink_to(outside)
+    meta["archive"] = "link.skops"
+    side.write_text(json.dumps(meta))
+    with pytest.raises(ModelError, match="must be a file name inside"):
+        load_supervised(d)
+    (d / "plain.skops").write_bytes(b"not a zip archive")
+    meta["archive"], meta["sha256"] = "plain.skops", hashlib.sha256(b"not a zip archive").hexdigest()
+    side.write_text(json.dumps(meta))
+    with pytest.raises(ModelError, match="not a readable skops archive"):
+        load_supervised(d)

@@ -91,9 +91,10 @@ class FakeKube:
 
     # ------------------------------------------------------------------ state
 
-    def add_node(self, name: str) -> None:
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         self.nodes[name] = {"kind": "Node", "apiVersion": "v1",
-                            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": {},
+                            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+                                         "annotations": {},
                                          "resourceVersion": str(self._bump())},
                             "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 

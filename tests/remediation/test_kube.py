@@ -20,7 +20,7 @@ from tests.remediation.helpers import incident, make_worker
 def kube() -> Iterator[FakeKube]:
     k = FakeKube()
     for i in range(1, 5):
-        k.add_node(f"gpu-node-00{i}")
+        k.add_node(f"gpu-node-00{i}", {"example.com/pool": "a" if i < 3 else "b", "example.com/rack": f"r{i % 2}"})
     k.add_pod("train", "job-0", "gpu-node-001", {"app": "job"})
     k.add_pod("web", "api-0", "gpu-node-001", {"app": "api"})
     k.add_pod("web", "api-1", "gpu-node-002", {"app": "api"})
@@ -30,15 +30,14 @@ def kube() -> Iterator[FakeKube]:
     k.close()
 
 
-def sched(k: FakeKube) -> KubernetesScheduler:
+def sched(k: FakeKube, **kw: str) -> KubernetesScheduler:
     cfg = client.Configuration()
     cfg.host = k.url
-    return KubernetesScheduler(KubeSettings(), api_client=client.ApiClient(cfg))
+    return KubernetesScheduler(KubeSettings(**kw), api_client=client.ApiClient(cfg))
 
 
 def worker(tmp: Path, k: FakeKube):  # type: ignore[no-untyped-def]
-    s = AllSettings(guards=GuardSettings(cluster_sizes={"default": 10}))
-    return make_worker(tmp, s, scheduler=sched(k))
+    return make_worker(tmp, AllSettings(), scheduler=sched(k))
 
 
 def test_cordon_taint_evict_and_pdb_429_is_queued_then_retried(tmp_path: Path, kube: FakeKube) -> None:
@@ -83,12 +82,13 @@ def test_uncordon_and_untaint_on_repair(tmp_path: Path, kube: FakeKube) -> None:
     assert "fleethealth.io/drain-reason" not in node["metadata"]["annotations"]
 
 
-def test_unknown_node_404_is_a_clear_failure_record(tmp_path: Path, kube: FakeKube) -> None:
+def test_unknown_node_404_is_refused_with_the_apis_words(tmp_path: Path, kube: FakeKube) -> None:
     with pytest.raises(NodeNotFound, match='HTTP 404 NotFound: nodes "ghost" not found'):
         sched(kube).node_state("ghost")
     w = worker(tmp_path, kube)
     rec = w.handle(incident("ghost", "pcie_fatal"))[0]
-    assert (rec.kind, rec.outcome) == ("drain", "failed") and 'nodes "ghost" not found' in rec.reason
+    assert (rec.kind, rec.outcome) == ("drain", "refused") and 'nodes "ghost" not found' in rec.reason
+    assert rec.details["guard"] == "inventory"
 
 
 def test_operator_cordon_is_left_alone(tmp_path: Path, kube: FakeKube) -> None:
@@ -99,5 +99,19 @@ def test_operator_cordon_is_left_alone(tmp_path: Path, kube: FakeKube) -> None:
     assert "taints" not in kube.nodes["gpu-node-003"]["spec"]
 
 
-def test_cluster_size_from_api(kube: FakeKube) -> None:
-    assert sched(kube).cluster_size() == 4
+def test_inventory_groups_and_racks_from_node_labels(kube: FakeKube) -> None:
+    inv = sched(kube, group_label="example.com/pool", rack_label="example.com/rack").inventory()
+    assert sorted(inv) == [f"gpu-node-00{i}" for i in range(1, 5)]
+    assert [(inv[n].groups, inv[n].rack) for n in sorted(inv)] == [(("a",), "r1"), (("a",), "r0"), (("b",), "r1"),
+                                                                   (("b",), "r0")]
+    assert sched(kube).inventory()["gpu-node-001"].groups == ()  # no label configured: no group
+
+
+def test_cap_per_node_group_counts_cordoned_nodes_of_that_group(tmp_path: Path, kube: FakeKube) -> None:
+    kube.nodes["gpu-node-001"]["spec"]["unschedulable"] = True  # pool a: 1 of 2 unavailable already
+    s = AllSettings(guards=GuardSettings(cap_scope="group"))
+    w = make_worker(tmp_path, s, scheduler=sched(kube, group_label="example.com/pool"))
+    a = w.handle(incident("gpu-node-002", "pcie_fatal", cluster="pool-b-forged"))[0]
+    assert (a.outcome, a.details["guard"]) == ("queued", "group_cap") and "group 'a'" in a.reason
+    b = w.handle(incident("gpu-node-003", "pcie_fatal"))[0]  # pool b has room
+    assert (b.kind, b.outcome) == ("drain", "done")

@@ -25,15 +25,20 @@ class Receiver:
         self.got: list[dict] = []
         self.keys: list[str] = []
         self.delay = 0.0
+        self.answers: dict[str, list[int]] = {}  # component -> statuses to answer first (then 201)
         outer = self
 
         class H(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 time.sleep(outer.delay)
-                outer.got.append(json.loads(body))
-                outer.keys.append(self.headers["Idempotency-Key"])
-                self.send_response(201)
+                doc = json.loads(body)
+                queue = outer.answers.get(doc["ticket"]["component"], [])
+                code = queue.pop(0) if queue else 201
+                if code == 201:
+                    outer.got.append(doc)
+                    outer.keys.append(self.headers["Idempotency-Key"])
+                self.send_response(code)
                 self.end_headers()
                 try:
                     self.wfile.write(b"{}")
@@ -147,5 +152,45 @@ def test_slow_webhook_times_out_is_retried_and_delivered(tmp_path: Path) -> None
         # the slow server may have processed timed-out posts too: at-least-once, deduplicable by key
         assert {g["ticket"]["component"] for g in recv.got} == {"GPU-a", "GPU-b", "GPU-c"}
         assert len(set(recv.keys)) == 3
+    finally:
+        recv.stop()
+
+
+def test_webhook_4xx_dead_letters_that_event_and_later_events_go_through(tmp_path: Path) -> None:
+    st = RemediationStore.open(tmp_path / "s.sqlite")
+    _three_events(st)
+    recv = Receiver()
+    recv.answers = {"GPU-a": [413, 413, 413]}  # the receiver refuses the first event for good
+    try:
+        sink = WebhookSink(st.conn, f"http://127.0.0.1:{recv.port}/", timeout_s=2, attempts=3, backoff_s=0.01,
+                           sleep=lambda _s: None)
+        rep = sink.deliver()
+        assert (rep.sent, rep.dead, rep.pending) == (2, 1, 0)
+        assert [g["ticket"]["component"] for g in recv.got] == ["GPU-b", "GPU-c"]
+        [dead] = sink.dead()
+        assert dead["status"] == 413 and "HTTP 413" in dead["reason"]
+        assert json.loads(dead["payload"])["ticket"]["component"] == "GPU-a"
+        assert recv.answers["GPU-a"] == [413, 413]  # one POST: a 4xx is not retried
+    finally:
+        recv.stop()
+
+
+def test_webhook_5xx_retries_with_backoff_and_keeps_order(tmp_path: Path) -> None:
+    st = RemediationStore.open(tmp_path / "s.sqlite")
+    _three_events(st)
+    recv = Receiver()
+    recv.answers = {"GPU-a": [503, 503, 503, 500]}
+    slept: list[float] = []
+    try:
+        sink = WebhookSink(st.conn, f"http://127.0.0.1:{recv.port}/", timeout_s=2, attempts=3, backoff_s=0.01,
+                           sleep=slept.append)
+        rep = sink.deliver()
+        assert (rep.sent, rep.dead, rep.pending) == (0, 0, 3) and slept == [0.01, 0.02]
+        assert recv.got == []  # the rest waits behind the event being retried
+        st.conn.execute("UPDATE outbox SET next_attempt=0")
+        rep = sink.deliver()
+        assert (rep.sent, rep.pending) == (3, 0)
+        assert [g["ticket"]["component"] for g in recv.got] == ["GPU-a", "GPU-b", "GPU-c"]
+        assert sink.dead() == []
     finally:
         recv.stop()

@@ -79,37 +79,18 @@ def test_open_ticket_escalates_when_recurrence_raises_priority(tmp_path: Path) -
     assert w.tickets.list()[0].priority == "rma"  # never lowered
 
 
-def test_reset_request_goes_to_operator_hook_command(tmp_path: Path) -> None:
+def test_reset_request_without_a_drain_in_place_is_refused_and_the_hook_not_run(tmp_path: Path) -> None:
     out = tmp_path / "requests.txt"
     script = tmp_path / "request-reset"
-    script.write_text(f"#!{sys.executable}\nimport sys\nopen({str(out)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
-                      "print('queued for ops')\n")
+    script.write_text(f"#!{sys.executable}\nimport sys\nopen({str(out)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
     script.chmod(0o755)
     s = AllSettings(remediation=RemediationSettings(hooks=HookSettings(reset_gpu=[str(script), "{host}", "{component}"])))
     w = make_worker(tmp_path, s)
-    inc = incident(mode="gpu_row_remap_pending", severity="major")
-    recs = w.handle(inc)
-    # no scheduler: the drain is skipped (not drained, not refused), the reset request goes out
-    assert ("drain", "skipped") in kinds(recs) and ("reset_gpu", "done") in kinds(recs)
-    assert out.read_text() == f"{inc.host} {inc.component}\n"
-    assert w.handle(inc) == []  # replay: the hook is not called twice
-    assert out.read_text().count("\n") == 1
-
-
-def test_failing_hook_is_recorded_failed_with_its_words(tmp_path: Path) -> None:
-    s = AllSettings(remediation=RemediationSettings(hooks=HookSettings(
-        reboot=[sys.executable, "-c", "import sys; sys.stderr.write('ipmi unreachable'); sys.exit(3)"])))
-    w = make_worker(tmp_path, s)
-    recs = w.handle(incident(mode="gpu_fell_off_bus", nvidia_bucket="RESTART_BM"))
-    rb = next(r for r in recs if r.kind == "reboot_request")
-    assert rb.outcome == "failed" and "exit 3" in rb.reason and "ipmi unreachable" in rb.reason
-
-
-def test_no_hook_means_request_is_skipped_never_run(tmp_path: Path) -> None:
-    w = make_worker(tmp_path)
-    recs = w.handle(incident(mode="gpu_gsp_error"))
-    r = next(r for r in recs if r.kind == "reset_gpu")
-    assert r.outcome == "skipped" and "no operator hook" in r.reason
+    recs = w.handle(incident(mode="gpu_row_remap_pending", severity="major"))
+    # no scheduler: nothing can show the drain in place, so no reset goes to a node that may run jobs
+    assert kinds(recs) == [("drain", "skipped"), ("reset_gpu", "refused")]
+    assert "drain is in place" in recs[1].reason
+    assert not out.exists()
 
 
 def test_kill_switch_file_refuses_effects_but_records(tmp_path: Path) -> None:
@@ -132,12 +113,38 @@ def test_stale_incident_is_refused(tmp_path: Path) -> None:
 
 
 def test_dry_run_records_and_changes_nothing(tmp_path: Path) -> None:
-    s = AllSettings(remediation=RemediationSettings(dry_run=True), guards=GuardSettings(cluster_sizes={"default": 10}))
+    s = AllSettings(remediation=RemediationSettings(dry_run=True), guards=GuardSettings(nodes=["gpu-node-[001-010]"]))
     w = make_worker(tmp_path, s)
     recs = w.handle(incident(mode="net_link_down"))
     assert kinds(recs) == [("drain", "dry_run"), ("ticket_opened", "dry_run")]
     assert "would drain" in recs[0].reason
-    assert w.tickets.list() == [] and w.store.active_drains() == []
+    assert w.tickets.list() == []
+    assert [d.node for d in w.store.active_drains()] == ["gpu-node-001"]  # the dry run's own bookkeeping
+
+
+def test_dry_run_evaluates_the_caps_as_live(tmp_path: Path) -> None:
+    """10-node static inventory: the cap is 1 node; forged cluster/rack labels change nothing."""
+    s = AllSettings(remediation=RemediationSettings(dry_run=True), guards=GuardSettings(nodes=["gpu-node-[001-010]"]))
+    w = make_worker(tmp_path, s)
+    incs = [incident(f"gpu-node-00{i}", "gpu_fell_off_bus", cluster=f"forged-{i}", rack=f"r{i}") for i in (1, 2, 3)]
+    recs = [r for inc in incs for r in w.handle(inc)]
+    drains = [(r.host, r.outcome) for r in recs if r.kind == "drain"]
+    assert drains == [("gpu-node-001", "dry_run"), ("gpu-node-002", "queued"), ("gpu-node-003", "queued")]
+    assert [r.outcome for r in recs if r.kind == "alert"] == ["dry_run", "dry_run"]
+    assert w.tick() == [] and len(w.store.queued("drain")) == 2
+    # the would-be drain's episode resolves -> would-be resume -> the next queued drain goes (as a dry run)
+    w.handle(incident("gpu-node-001", "gpu_fell_off_bus", id=incs[0].id, state="resolved"))
+    recs = w.tick()
+    assert ("drain", "dry_run") in kinds(recs) and len(w.store.queued("drain")) == 1
+    dry = w.store.conn.execute("SELECT COUNT(*) FROM audit WHERE kind='drain' AND outcome='dry_run'").fetchone()[0]
+    assert dry == 2
+
+
+def test_node_outside_the_static_inventory_is_refused(tmp_path: Path) -> None:
+    s = AllSettings(remediation=RemediationSettings(dry_run=True), guards=GuardSettings(nodes=["gpu-node-[001-010]"]))
+    w = make_worker(tmp_path, s)
+    recs = w.handle(incident("forged-host-77", "gpu_fell_off_bus"))
+    assert kinds(recs)[0] == ("drain", "refused") and "not in" in recs[0].reason
 
 
 def test_audit_table_is_append_only(tmp_path: Path) -> None:
