@@ -24,7 +24,7 @@ rows, retired pages, PCIe, NVLink, temperature, power, throttle reasons, Xid eve
 AER and link, InfiniBand/RoCE ports, EDAC) and the kernel log (Xid, fallen off the bus, AER, EDAC,
 MCE lines), and publish one sample per poll to the sink. Samples are spooled on disk first and
 sent in order, so a Kafka outage loses nothing (up to --spool-max-mb). Prometheus metrics are
-served on 127.0.0.1:--exporter-port. SIGTERM flushes the spool and saves the sequence number.
+served on --exporter-address:--exporter-port (127.0.0.1:9400 by default). SIGTERM flushes the spool and saves the sequence number.
 
   fleethealth collect --simulate --once --sink stdout      # one simulated 8-GPU sample, no GPU needed
   fleethealth collect --simulate --inject gpu_dram_uce@3 --once --sink stdout   # ... with a fault
@@ -54,7 +54,9 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--spool-dir", default=None, help="on-disk spool (default STATE_DIR/spool)")
     flag(p, "--spool-max-mb", type=float, default=256.0, help="spool bound; past it the oldest samples drop")
     flag(p, "--nvml-timeout", type=float, default=2.0, help="deadline for one GPU's NVML reads, seconds")
-    flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port on 127.0.0.1 (0 disables)")
+    flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port (0 disables)")
+    flag(p, "--exporter-address", default="127.0.0.1",
+         help="exporter listen address (0.0.0.0 where a central Prometheus scrapes the host or pod)")
     p.add_argument("--source", action="append", default=[], metavar="KIND=URL",
                    help="scrape a local exporter instead of a builtin reader, repeatable: dcgm-exporter=URL "
                         "(GPUs, instead of NVML), node-exporter=URL (InfiniBand ports, EDAC, boot id, instead "
@@ -147,7 +149,7 @@ def run_collect(args: argparse.Namespace) -> int:
     collector = Collector(settings, sink=_sink(args.sink, args.topic), nvml=nvml, on_sample=metrics.update,
                           sources=scrapers)
     metrics.stats_fn = lambda: _stats(collector)
-    server = start_exporter(metrics, 0 if args.once else args.exporter_port)
+    server = start_exporter(metrics, 0 if args.once else args.exporter_port, args.exporter_address)
     stop = threading.Event()
 
     def _term(signum: int, _frame: Any) -> None:

@@ -202,6 +202,10 @@ def rules() -> list[AlertRule]:
     return [r for g in groups() for r in g.rules]
 
 
+HEADER = ("# Built by `fleethealth dashboards build` from dashboards/alerts.py; do not edit by hand.\n"
+          "# Load with Prometheus's rule_files (see deploy/prometheus and docs/deploy.md).\n")
+
+
 def render() -> str:
     names = [r.name for r in rules()]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -209,6 +213,25 @@ def render() -> str:
         raise ValueError(f"alert names used twice: {dup}")
     doc = {"groups": [{"name": g.name, "interval": g.interval, "rules": [r.to_dict() for r in g.rules]}
                       for g in groups()]}
-    header = ("# Built by `fleethealth dashboards build` from dashboards/alerts.py; do not edit by hand.\n"
-              "# Load with Prometheus's rule_files (see deploy/prometheus and docs/deploy.md).\n")
-    return header + yaml.safe_dump(doc, sort_keys=False, width=4096, allow_unicode=True)
+    return HEADER + yaml.safe_dump(doc, sort_keys=False, width=4096, allow_unicode=True)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks, so the ConfigMap shows the rule file as written."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_BlockDumper.add_representer(str, _str)
+
+
+def render_configmap(namespace: str = "fleethealth") -> str:
+    """The rule file as a Kubernetes ConfigMap, mounted at /etc/prometheus/rules by
+    deploy/kubernetes/prometheus-config.yaml's Prometheus."""
+    doc = {"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": "fleethealth-prometheus-rules", "namespace": namespace,
+                        "labels": {"app.kubernetes.io/part-of": "fleethealth"}},
+           "data": {RULE_FILE: render()}}
+    return HEADER + yaml.dump(doc, Dumper=_BlockDumper, sort_keys=False, width=4096, allow_unicode=True)

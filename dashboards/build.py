@@ -26,6 +26,8 @@ DASHBOARDS = {
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "json"
 DEFAULT_ALERTS_OUT = Path(__file__).resolve().parent / "alerts"
+# The same rules as a ConfigMap for a Prometheus on Kubernetes (deploy/kubernetes/).
+RULES_CONFIGMAP = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "prometheus-rules.yaml"
 
 
 def render(name: str) -> str:
@@ -71,19 +73,28 @@ def stale(out: Path = DEFAULT_OUT) -> list[str]:
     return bad
 
 
-def write_alerts(out: Path = DEFAULT_ALERTS_OUT) -> list[Path]:
-    """Write the Prometheus alert-rule file; return it when its content changed."""
-    out.mkdir(parents=True, exist_ok=True)
-    path, text = out / alerts.RULE_FILE, alerts.render()
+def _write_if_changed(path: Path, text: str) -> list[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return []
     _atomic_write(path, text)
     return [path]
 
 
-def stale_alerts(out: Path = DEFAULT_ALERTS_OUT) -> list[str]:
-    path = out / alerts.RULE_FILE
-    return [] if path.exists() and path.read_text(encoding="utf-8") == alerts.render() else [alerts.RULE_FILE]
+def write_alerts(out: Path = DEFAULT_ALERTS_OUT, configmap: Path | None = RULES_CONFIGMAP) -> list[Path]:
+    """Write the Prometheus alert-rule file (and its ConfigMap); return the files that changed."""
+    changed = _write_if_changed(out / alerts.RULE_FILE, alerts.render())
+    if configmap is not None:
+        changed += _write_if_changed(configmap, alerts.render_configmap())
+    return changed
+
+
+def stale_alerts(out: Path = DEFAULT_ALERTS_OUT, configmap: Path | None = RULES_CONFIGMAP) -> list[str]:
+    bad = []
+    for path, text in ((out / alerts.RULE_FILE, alerts.render()), (configmap, alerts.render_configmap())):
+        if path is not None and not (path.exists() and path.read_text(encoding="utf-8") == text):
+            bad.append(path.name)
+    return bad
 
 
 # --------------------------------------------------------------------------- queries

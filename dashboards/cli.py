@@ -32,7 +32,14 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
 
 def _build(args: argparse.Namespace) -> int:
     from dashboards.alerts import RULE_FILE
-    from dashboards.build import DEFAULT_ALERTS_OUT, DEFAULT_OUT, build_all, write_alerts, write_all
+    from dashboards.build import (
+        DEFAULT_ALERTS_OUT,
+        DEFAULT_OUT,
+        RULES_CONFIGMAP,
+        build_all,
+        write_alerts,
+        write_all,
+    )
 
     out = args.out or DEFAULT_OUT
     changed = write_all(out)
@@ -40,8 +47,9 @@ def _build(args: argparse.Namespace) -> int:
         mark = "updated" if out / name in changed else "unchanged"
         print(f"{out / name}: {mark}")
     alerts_out = args.alerts_out or DEFAULT_ALERTS_OUT
-    mark = "updated" if write_alerts(alerts_out) else "unchanged"
-    print(f"{alerts_out / RULE_FILE}: {mark}")
+    changed = write_alerts(alerts_out)
+    for path in (alerts_out / RULE_FILE, RULES_CONFIGMAP):
+        print(f"{path}: {'updated' if path in changed else 'unchanged'}")
     return 0
 
 

@@ -53,7 +53,8 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
               "(default: the client's; the broker's minimum is usually 6000)")
     flag(p, "--from-beginning", action="store_true",
          help="a new group starts at the oldest telemetry instead of the newest")
-    flag(p, "--metrics-port", type=int, default=9401, help="Prometheus metrics on 127.0.0.1:PORT (0 = off)")
+    flag(p, "--metrics-port", type=int, default=9401, help="Prometheus metrics port (0 = off)")
+    flag(p, "--metrics-addr", default="127.0.0.1", help="metrics listen address (0.0.0.0 in a pod)")
     flag(p, "--rules", metavar="DIR", help="rule directory instead of the shipped detectors/rules")
     flag(p, "--exit-when-idle", action="store_true", help="stop after the input has been idle for a few polls")
     flag(p, "--with-models", action="store_true", help="also run the ML detectors of detectors.registry")
@@ -91,7 +92,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
         bus.consumer = lambda topics, group: orig(topics, group, **kw)  # type: ignore[method-assign]
     metrics = DetectMetrics()
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_addr)
     # a live broker going quiet means hosts went quiet: stream time keeps moving with the monotonic
     # clock; a file or in-memory bus ending is just the end of a recording
     worker = DetectWorker(bus, engine, group=args.group, topic=args.topic, incidents_topic=args.incidents_topic,

@@ -84,7 +84,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
                            backoff_s=t.webhook_backoff_s)
     metrics = RemediationMetrics()
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_addr)
     bus = open_bus(args.bus, cfg)
     worker = RemediationWorker(s, bus=bus, store=store, scheduler=scheduler, policy=policy, ticket_sink=sink,
                                metrics=metrics)
@@ -166,7 +166,8 @@ def register(sub: Any) -> None:
     flag(p, "--session-timeout-ms", type=int, default=None, metavar="MS",
          env="FLEETHEALTH_REMEDIATE_SESSION_TIMEOUT_MS",
          help="Kafka consumer session timeout: how soon a dead worker's partitions move (default: the client's)")
-    flag(p, "--metrics-port", type=int, default=9402, help="Prometheus metrics on 127.0.0.1:PORT (0 = off)")
+    flag(p, "--metrics-port", type=int, default=9402, help="Prometheus metrics port (0 = off)")
+    flag(p, "--metrics-addr", default="127.0.0.1", help="metrics listen address (0.0.0.0 in a pod)")
     flag(p, "--exit-when-idle", type=float, default=None, metavar="S",
          help="exit after S seconds with no incidents (replays, tests)")
     p.set_defaults(func=cmd_remediate)

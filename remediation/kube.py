@@ -10,6 +10,7 @@ mirror pods are not evicted (as ``kubectl drain`` does not).
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from kubernetes import client
@@ -42,6 +43,14 @@ class KubernetesScheduler:
             if self.s.host:
                 cfg = client.Configuration()
                 cfg.host = self.s.host
+                api_client = client.ApiClient(cfg)
+            elif not self.s.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                # in a pod (deploy/kubernetes): the ServiceAccount's token and CA
+                cfg = client.Configuration()
+                try:
+                    kubeconfig.load_incluster_config(client_configuration=cfg)
+                except kubeconfig.ConfigException as exc:
+                    raise SchedulerError(f"kubernetes: cannot load the in-cluster config: {exc}") from None
                 api_client = client.ApiClient(cfg)
             else:
                 try:

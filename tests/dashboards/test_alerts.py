@@ -32,10 +32,12 @@ def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 
 def test_committed_rules_match_code(tmp_path: Path) -> None:
     assert build.stale_alerts() == [], "stale alert rules; run `fleethealth dashboards build` and commit"
-    assert build.write_alerts(tmp_path) == [tmp_path / alerts.RULE_FILE]
-    assert build.write_alerts(tmp_path) == []
+    cm = tmp_path / "k8s" / "rules.yaml"
+    assert build.write_alerts(tmp_path, cm) == [tmp_path / alerts.RULE_FILE, cm]
+    assert build.write_alerts(tmp_path, cm) == []
     (tmp_path / alerts.RULE_FILE).write_text(RULES.read_text().replace("for: 1m", "for: 2m", 1))
-    assert build.stale_alerts(tmp_path) == [alerts.RULE_FILE]
+    assert build.stale_alerts(tmp_path, cm) == [alerts.RULE_FILE]
+    assert yaml.safe_load(yaml.safe_load(cm.read_text())["data"][alerts.RULE_FILE]) == yaml.safe_load(RULES.read_text())
 
 
 def test_rules_are_well_formed() -> None:
