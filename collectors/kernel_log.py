@@ -160,9 +160,16 @@ class Stamp:
     fields: tuple[tuple[str, str], ...] = ()  # /dev/kmsg dictionary (SUBSYSTEM, DEVICE, ...)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,16}[A-Za-z]")
+
+
 def split_prefix(line: str, *, boot_time: float | None = None, year_hint: int | None = None) -> Stamp:
-    """Strip every prefix layer. Unknown shapes: the whole line is the message, origin :data:`BARE`."""
-    return _split(line[:MAX_LINE], boot_time, year_hint, 0)
+    """Strip every prefix layer. Unknown shapes: the whole line is the message, origin :data:`BARE`.
+    Terminal colour codes (``dmesg --color=always``, a pasted ``dmesg -H``) are dropped first."""
+    line = line[:MAX_LINE]
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    return _split(line, boot_time, year_hint, 0)
 
 
 def _split(line: str, boot_time: float | None, year_hint: int | None, depth: int) -> Stamp:

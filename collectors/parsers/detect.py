@@ -31,6 +31,8 @@ _TESTS: list[tuple[str, re.Pattern[str]]] = [
     ("ibstat", re.compile(r"^\s+Physical state:\s+\w+", re.M)),  # a grep'd fragment, no CA header
     ("ibstatus", re.compile(r"^Infiniband device '[^']+' port \d+ status:", re.M)),
     ("perfquery", re.compile(r"^# [\w ]*counters: (?:Lid \d+ )?port \d+", re.M)),
+    ("perfquery", re.compile(r"^(?:SymbolErrorCounter|LinkDownedCounter|PortRcvErrors|PortXmitWait):\.{3,}\S+\s*$",
+                             re.M)),  # grep'd, no header
     ("ibqueryerrors", re.compile(r"^Errors for (?:0x[0-9a-f]+ )?\"|^## Summary: \d+ nodes checked", re.M)),
     ("ibnetdiscover", re.compile(r"^(?:CA|SW|RT)\s+\d+\s+\d+\s+0x[0-9a-f]+\s+\d+x\s+\S+", re.M)),
     ("ib-counter-dump", re.compile(r"^=== (?:\./)?\w+ ===\s*$", re.M)),

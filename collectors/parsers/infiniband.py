@@ -119,8 +119,9 @@ def parse_perfquery(text: str) -> Parsed:
             port = _port(out, f"lid{m['lid'] or '?'}", 255 if p == "ALL" else int(p))
             continue
         if (m := _PQ_KV.match(line.strip())) is not None:
-            if port is None:
-                raise ParseError("perfquery", "counter before any '# Port counters' header", lineno)
+            if port is None:  # a grep'd perfquery: counters without their header
+                port = _port(out, "lid?", 0)
+                out.warnings.append(f"line {lineno}: counters without a '# Port counters' header (grep'd?)")
             if m["k"] in ("PortSelect", "CounterSelect", "CounterSelect2"):
                 continue
             v = to_count(m["v"])
@@ -128,8 +129,8 @@ def parse_perfquery(text: str) -> Parsed:
                 out.skipped_lines += 1
                 continue
             port.counters[counter_name(m["k"])] = v
-    if not out.sample.net_ports:
-        raise ParseError("perfquery", "no '# Port counters' header")
+    if not out.sample.net_ports or not any(p.counters for p in out.sample.net_ports):
+        raise ParseError("perfquery", "no '# Port counters' header and no 'Name:....value' counter")
     return out
 
 

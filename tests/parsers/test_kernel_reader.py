@@ -280,3 +280,9 @@ def test_follower_reads_journal_short_precise_file(tmp_path):
     assert sorted(e.kind for e in f.poll()) == ["aer", "xid"]
     f.close()
     os.remove(log)
+
+
+def test_terminal_colour_codes_are_dropped():
+    line = "\x1b[32m[  812.117215]\x1b[0m \x1b[33mNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\x1b[0m"
+    ev = parse_kernel_line(line, boot_time=BOOT)
+    assert ev and ev.xid == 79 and ev.ts == pytest.approx(BOOT + 812.117215)

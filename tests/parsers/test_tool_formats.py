@@ -170,3 +170,9 @@ def test_lines_are_bounded_before_any_parser() -> None:
     text = "NIC statistics:\n     rx_crc_errors_phy: 1\n     " + "x" * 100_000 + ": 5\n"
     [p] = parse_captures(text)
     assert p.format == "ethtool-stats" and any("cut" in w for w in p.warnings)
+
+
+def test_perfquery_grepped_without_header() -> None:
+    p = one("perfquery-grep-no-header.txt")
+    assert p.sample.net_ports[0].counters == {"symbol_error": 65535, "link_error_recovery": 255,
+                                              "link_downed": 17, "port_rcv_errors": 3}  # saturated values kept raw
