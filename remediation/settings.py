@@ -101,12 +101,36 @@ class RemediationSettings(_S):
     hooks: HookSettings = msgspec.field(default_factory=HookSettings)
 
 
+DEFAULT_COMMON_CAUSE_MODES = {  # part kind -> failure modes a fault of that part shows on its hosts
+    "switch": ["net_link_down", "net_link_bad_cable"],
+    "pdu": ["host_unreachable", "gpu_fell_off_bus"],
+    "rack": ["host_unreachable"],
+    "driver": ["gpu_fell_off_bus", "gpu_hw_error", "gpu_gsp_error", "gpu_nvlink_error"],
+    "firmware": ["gpu_fell_off_bus", "gpu_hw_error", "gpu_gsp_error", "gpu_nvlink_error", "net_link_down"],
+}
+
+
+class CommonCauseSettings(_S):
+    """``[common_cause]`` (remediation/common_cause.py): where what hosts share comes from, and when
+    a burst of failures is one fault of the shared part."""
+
+    topology: str | None = None  # the operator's topology file (remediation/topology.py)
+    slurm_topology: bool = False  # also read leaf switches from `scontrol show topology`
+    window_s: Seconds = 600.0  # failures this close together (receiver time) count together
+    settle_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 30.0  # an explainable incident waits this long
+    min_hosts: Annotated[int, Meta(ge=2, le=100_000)] = 3
+    min_fraction: Fraction = 0.1  # of the group's hosts
+    modes: dict[str, list[str]] = msgspec.field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_COMMON_CAUSE_MODES.items()})
+
+
 class AllSettings(_S):
     remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     guards: GuardSettings = msgspec.field(default_factory=GuardSettings)
     slurm: SlurmSettings = msgspec.field(default_factory=SlurmSettings)
     kubernetes: KubeSettings = msgspec.field(default_factory=KubeSettings)
     tickets: TicketSettings = msgspec.field(default_factory=TicketSettings)
+    common_cause: CommonCauseSettings = msgspec.field(default_factory=CommonCauseSettings)
 
 
 REMOVED = {
@@ -126,7 +150,7 @@ def _finite(cfg: Config, where: str, data: Any) -> None:
 
 def load_settings(cfg: Config | None = None) -> AllSettings:
     cfg = cfg or Config({}, None)
-    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets"):
+    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets", "common_cause"):
         _finite(cfg, f"[{name}]", cfg.raw.get(name, {}))
     for key, why in REMOVED.items():
         if key in cfg.raw.get("guards", {}):
@@ -137,6 +161,7 @@ def load_settings(cfg: Config | None = None) -> AllSettings:
         slurm=cfg.section("slurm", SlurmSettings),
         kubernetes=cfg.section("kubernetes", KubeSettings),
         tickets=cfg.section("tickets", TicketSettings),
+        common_cause=cfg.section("common_cause", CommonCauseSettings),
     )
     for name in ("reset_gpu", "reboot", "alert", "annotate"):
         spec = getattr(s.remediation.hooks, name)

@@ -104,3 +104,11 @@ class SlurmScheduler:
         if not nodes:
             raise SchedulerError(f"scontrol show node -o listed no nodes: {out[:200]!r}")
         return nodes
+
+    def topology_text(self) -> str:
+        """``scontrol show topology``: the switch tree of topology/tree (remediation.topology parses it);
+        empty when the cluster declares none."""
+        try:
+            return self._run([self.s.scontrol, "show", "topology"])
+        except SchedulerError:
+            return ""

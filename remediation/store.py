@@ -228,6 +228,15 @@ class RemediationStore:
         with self.tx() as c:
             c.execute("INSERT OR IGNORE INTO sightings VALUES (?,?,?,?,?)", (incident_id, host, component, mode, first_seen))
 
+    def prior_on_host(self, host: str, since: float, before: float, exclude: str,
+                      skip_modes: tuple[str, ...] = ("app_error", "healthy")) -> set[str]:
+        """Earlier episodes on the host in the window, any component and mode but ``skip_modes``."""
+        marks = ",".join("?" * len(skip_modes))
+        rows = self.conn.execute(
+            f"SELECT DISTINCT incident_id FROM sightings WHERE host=? AND first_seen>=? AND first_seen<=? "
+            f"AND incident_id<>? AND failure_mode NOT IN ({marks})", (host, since, before, exclude, *skip_modes))
+        return {r[0] for r in rows}
+
     def prior_count(self, host: str, component: str, mode: str, since: float, before: float, exclude: str) -> int:
         row = self.conn.execute(
             "SELECT COUNT(*) FROM sightings WHERE host=? AND component=? AND failure_mode=? AND first_seen>=? "

@@ -35,6 +35,8 @@ from pathlib import Path
 from fleethealth.bus import ACTIONS, DEADLETTER, Bus, Consumer, Record
 from fleethealth.schema import ActionRecord, DeadLetter, Incident, decode_incident, encode
 from remediation import guards
+from remediation.common_cause import DETECTOR as CC_DETECTOR
+from remediation.common_cause import CommonCause
 from remediation.drainer import Drainer
 from remediation.hooks import OperatorHooks
 from remediation.metrics import RemediationMetrics
@@ -43,6 +45,7 @@ from remediation.scheduler import DryRunScheduler, NoScheduler, Scheduler, expan
 from remediation.settings import AllSettings
 from remediation.store import FINAL, RemediationStore
 from remediation.tickets import TicketStore, WebhookSink, discard_outbox
+from remediation.topology import Topology, load_topology_file, parse_slurm_topology
 
 log = logging.getLogger(__name__)
 CRASH_ENV = "FLEETHEALTH_TEST_CRASH_AFTER"  # test-only: "drain" or "record" -> os._exit(137) there
@@ -61,7 +64,8 @@ class RemediationWorker:
                  store: RemediationStore | str | Path | None = None, scheduler: Scheduler | None = None,
                  policy: Policy | None = None, hooks: OperatorHooks | None = None,
                  ticket_sink: WebhookSink | None = None, metrics: RemediationMetrics | None = None,
-                 clock: Callable[[], float] = time.time, consumer_name: str = "remediation") -> None:
+                 clock: Callable[[], float] = time.time, consumer_name: str = "remediation",
+                 topology: Topology | None = None) -> None:
         self.settings = settings or AllSettings()
         rs = self.settings.remediation
         self.bus = bus
@@ -83,6 +87,8 @@ class RemediationWorker:
         self.consumer_name = consumer_name
         self.crash_after = os.environ.get(CRASH_ENV, "")
         self.drainer = Drainer(self)
+        topo = topology if topology is not None else self._topology()
+        self.common_cause = CommonCause(store.conn, topo, self.settings.common_cause) if len(topo) else None
         self.dead_letter_count = 0
 
     # ------------------------------------------------------------------ recording
@@ -129,27 +135,64 @@ class RemediationWorker:
 
     # ------------------------------------------------------------------ incidents
 
-    def history(self, inc: Incident) -> History:
+    def history(self, inc: Incident, common_cause: str = "none") -> History:
         out = {}
         for days in self.policy.history_windows:
             out[days] = self.store.prior_count(inc.host, inc.component, inc.failure_mode,
                                                inc.first_seen - days * DAY, inc.first_seen, inc.id)
-        return History(out)
+        on_host: dict[float, int] = {}
+        if self.policy.host_history_windows:
+            # a common cause's children were the shared part's fault, not the host's
+            not_its_own = self.common_cause.child_ids(inc.host) if self.common_cause is not None else set()
+            for days in self.policy.host_history_windows:
+                prior = self.store.prior_on_host(inc.host, inc.first_seen - days * DAY, inc.first_seen, inc.id)
+                on_host[days] = len(prior - not_its_own)
+        return History(out, on_host, common_cause)
 
-    def handle(self, inc: Incident) -> list[ActionRecord]:
-        self.metrics.incidents.labels(inc.state).inc()
+    def handle(self, inc: Incident, *, settled: bool = False) -> list[ActionRecord]:
+        """``settled``: an incident that waited for a common cause to form and none did."""
+        if not settled:
+            self.metrics.incidents.labels(inc.state).inc()
         now = self.clock()  # the receiver's clock: a message's own timestamps never stand in for it
         if inc.state == "resolved":
             self.store.note_resolved(inc.id, inc.host, inc.component, now)
             self.store.note_healthy(inc.host, inc.component, now)
-            return self.drainer.on_healthy(inc)
+            out: list[ActionRecord] = []
+            if self.common_cause is not None:
+                with self.store.tx():
+                    parent = self.common_cause.resolved(inc, now)
+                if parent is not None:
+                    out += self._common_cause_resolved(parent, "every host that formed it has recovered")
+            return out + self.drainer.on_healthy(inc)
         if inc.failure_mode == "healthy":
             self.store.note_healthy(inc.host, inc.component, now)
             return self.drainer.on_healthy(inc)
-        hist = self.history(inc)
         with self.store.tx():
             self.store.note_sighting(inc.id, inc.host, inc.component, inc.failure_mode, inc.first_seen)
             self.store.note_open(inc.id, inc.host, inc.component, now)
+        out = []
+        role = "none"
+        if self.common_cause is not None and not inc.detector.startswith(CC_DETECTOR):
+            with self.store.tx():
+                v = self.common_cause.observe(inc, now, settled=settled)
+            if v.formed is not None:
+                out += self.act(v.formed, History({}, {}, "parent"))
+                for child in v.children:  # they were waiting: held now, with this one
+                    out += self.act(child, self.history(child, "child"))
+            if v.parent is not None:
+                role = "child"
+            elif v.wait:
+                key = f"{inc.id}|settle|{inc.host}"
+                if self.decided(key) is None:
+                    out.append(self.emit(inc, "queued", inc.host, "queued",
+                                         f"waits up to {self.settings.common_cause.settle_s:.0f} s for other hosts of "
+                                         "its shared parts (common cause) before its own decision", key=key,
+                                         status="waiting"))
+                return out
+        return out + self.act(inc, self.history(inc, role))
+
+    def act(self, inc: Incident, hist: History) -> list[ActionRecord]:
+        """The policy's decision for one incident, carried out through the guards."""
         decision = self.policy.decide(inc, hist)
         out: list[ActionRecord] = []
         for action in decision.actions:
@@ -292,14 +335,73 @@ class RemediationWorker:
             return []
 
     def tick(self) -> list[ActionRecord]:
-        """Periodic work: queued drains/evictions, resumes after repair, webhook delivery, gauges."""
-        out = self.drainer.process_queue() + self.drainer.check_resumes()
+        """Periodic work: settled incidents, common causes closed by their ticket, queued
+        drains/evictions, resumes after repair, webhook delivery, gauges."""
+        out = self.common_cause_tick() + self.drainer.process_queue() + self.drainer.check_resumes()
         if self.sink is not None:
             self.sink.deliver()
         else:
             with self.store.tx() as c:
                 discard_outbox(c)
         self.update_gauges()
+        return out
+
+    # ------------------------------------------------------------------ common causes
+
+    def _topology(self) -> Topology:
+        """What hosts share, from the operator's file and (optionally) Slurm: never from messages."""
+        cc = self.settings.common_cause
+        topo = load_topology_file(cc.topology) if cc.topology else Topology()
+        text_of = getattr(self.real_scheduler, "topology_text", None)
+        if cc.slurm_topology and text_of is not None:
+            parse_slurm_topology(text_of(), topo)
+        return topo
+
+    def common_cause_tick(self) -> list[ActionRecord]:
+        cc = self.common_cause
+        if cc is None:
+            return []
+        now = self.clock()
+        out: list[ActionRecord] = []
+        for inc in cc.due(now):  # waited their time and no parent formed: decided alone
+            out += self.handle(inc, settled=True)
+        for parent in cc.open_parents():
+            t = self.tickets.latest_for(parent.host, parent.component)
+            if t is not None and t.state in ("repaired", "closed"):
+                with self.store.tx():
+                    closed = cc.close_parent(parent.id, now, f"ticket {t.id} {t.state}")
+                if closed is not None:
+                    out += self._common_cause_resolved(closed, f"its ticket {t.id} was marked {t.state}")
+        with self.store.tx():
+            grown = cc.grown(now)
+        for parent in grown:  # more hosts joined: the part's open ticket gets the new list
+            if self.dry_run or self.tickets.open_for(parent.host, parent.component) is not None:
+                out += self._ticket(parent, "high", f"common cause {parent.component}: more hosts joined",
+                                    History({}, {}, "parent"))
+        with self.store.tx():
+            cc.forget_before(now - 2 * self.settings.common_cause.window_s)
+        return out
+
+    def _common_cause_resolved(self, parent: Incident, why: str) -> list[ActionRecord]:
+        """The shared part is back (or its repair is done): record it, close its ticket if the hosts
+        recovered, and decide every child still open on its own."""
+        assert self.common_cause is not None
+        now = self.clock()
+        out = [self.emit(parent, "noop", parent.host, "done", f"common cause {parent.component} resolved: {why}",
+                         key=f"{parent.id}|resolved|{parent.host}")]
+        t = self.tickets.open_for(parent.host, parent.component)
+        if t is not None and not self.dry_run:
+            with self.store.tx():
+                self.tickets.set_state(t.id, "closed", now, note=f"common cause resolved: {why}", actor="fleethealth")
+        with self.store.tx():
+            released = self.common_cause.release(parent.id)
+        for child in released:
+            if self.store.is_resolved(child.id):
+                continue
+            out.append(self.emit(child, "noop", child.host, "done",
+                                 f"released by common cause {parent.component} ({why}): decided on its own",
+                                 key=f"{child.id}|released|{parent.id}"))
+            out += self.act(child, self.history(child, "none"))
         return out
 
     def update_gauges(self) -> None:

@@ -9,7 +9,7 @@ key). :meth:`Policy.decide` is pure: it takes an incident and its history and re
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,10 @@ ACTIONS = ("drain", "reset_gpu", "reboot", "ticket", "alert", "annotate", "none"
 SEVERITIES = ("critical", "major", "minor", "info")
 PRIORITIES = ("normal", "high", "rma")
 BUCKETS = frozenset(b for b in KNOWN_IMMEDIATE if b) | {"UNSPECIFIED"}
-MATCH_KEYS = ("failure_mode", "severity", "nvidia_bucket", "xid", "min_confidence", "history", "detector")
+MATCH_KEYS = ("failure_mode", "severity", "nvidia_bucket", "xid", "min_confidence", "history", "detector",
+              "common_cause")
+COMMON_CAUSE_ROLES = ("parent", "child", "none")
+HISTORY_SCOPES = ("component", "host")
 RULE_KEYS = ("name", "match", "actions", "ticket_priority", "reason")
 DEFAULT_POLICY = "remediation/policy/default.yaml"
 
@@ -39,6 +42,9 @@ class History:
     """What the store knows about earlier episodes on this component (pure input)."""
 
     prior_within: dict[float, int]  # window (days) -> earlier distinct incidents of this mode
+    # window (days) -> earlier distinct incidents on the host, any component, any mode (lemon hosts)
+    prior_on_host: dict[float, int] = field(default_factory=dict)
+    common_cause: str = "none"  # parent | child (held behind an open common-cause incident) | none
 
     @staticmethod
     def none() -> History:
@@ -49,6 +55,7 @@ class History:
 class HistoryMatch:
     min_prior: int
     within_days: float
+    scope: str = "component"  # component: same mode on the same component; host: any episode on the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,7 @@ class Rule:
     ticket_priority: str
     reason: str
     detectors: tuple[str, ...] | None = None  # prefixes of Incident.detector, e.g. "model:"
+    common_cause: str | None = None  # parent | child | none
 
     def matches(self, inc: Incident, hist: History) -> bool:
         if self.detectors is not None and not inc.detector.startswith(self.detectors):
@@ -79,8 +87,11 @@ class Rule:
             return False
         if inc.confidence < self.min_confidence:
             return False
+        if self.common_cause is not None and hist.common_cause != self.common_cause:
+            return False
         if self.history is not None:
-            return hist.prior_within.get(self.history.within_days, 0) >= self.history.min_prior
+            seen = hist.prior_on_host if self.history.scope == "host" else hist.prior_within
+            return seen.get(self.history.within_days, 0) >= self.history.min_prior
         return True
 
 
@@ -99,7 +110,11 @@ class Policy:
 
     @property
     def history_windows(self) -> frozenset[float]:
-        return frozenset(r.history.within_days for r in self.rules if r.history)
+        return frozenset(r.history.within_days for r in self.rules if r.history and r.history.scope == "component")
+
+    @property
+    def host_history_windows(self) -> frozenset[float]:
+        return frozenset(r.history.within_days for r in self.rules if r.history and r.history.scope == "host")
 
     def decide(self, inc: Incident, hist: History | None = None) -> Decision:
         hist = hist or History.none()
@@ -195,12 +210,17 @@ def _rule(src: str, node: yaml.Node, index: int) -> Rule:
                     fields["detectors"] = prefixes
                 elif mk == "history":
                     h = {k: n for k, _, n in _mapping(src, mv, "history")}
-                    unknown = set(h) - {"min_prior", "within_days"}
+                    unknown = set(h) - {"min_prior", "within_days", "scope"}
                     if unknown or "min_prior" not in h or "within_days" not in h:
-                        raise _err(src, mv, "history needs exactly min_prior (int >= 1) and within_days (> 0)")
+                        raise _err(src, mv, "history needs min_prior (int >= 1) and within_days (> 0), "
+                                            "and optionally scope (component | host)")
+                    scope = next(iter(_names(src, h["scope"], "history scope", HISTORY_SCOPES))) \
+                        if "scope" in h else "component"
                     fields["history"] = HistoryMatch(
                         int(_number(src, h["min_prior"], "history.min_prior", 1, 1_000_000, integer=True)),
-                        _number(src, h["within_days"], "history.within_days", 1e-6, 3650))
+                        _number(src, h["within_days"], "history.within_days", 1e-6, 3650), scope)
+                elif mk == "common_cause":
+                    fields["common_cause"] = next(iter(_names(src, mv, "common_cause role", COMMON_CAUSE_ROLES)))
                 else:
                     raise _err(src, mknode, f"unknown match key {mk!r}; known: {', '.join(MATCH_KEYS)}")
         else:

@@ -83,7 +83,7 @@ def test_unknown_action(tmp_path: Path) -> None:
     ("{min_confidence: 1.5}", "bad threshold: min_confidence = 1.5"),
     ("{history: {min_prior: 0, within_days: 30}}", "bad threshold: history.min_prior = 0"),
     ("{history: {min_prior: 1, within_days: -2}}", "bad threshold: history.within_days"),
-    ("{history: {min_prior: 1}}", "history needs exactly"),
+    ("{history: {min_prior: 1}}", "history needs min_prior"),
     ("{min_confidence: high}", "min_confidence must be a number"),
     ("{nvidia_bucket: RESTART_UNIVERSE}", "unknown NVIDIA Xid bucket"),
     ("{colour: red}", "unknown match key 'colour'"),
