@@ -14,7 +14,7 @@ from fleethealth.cliutil import flag
 from fleethealth.errors import UserError
 
 # the simulator's scenarios (plan.SCENARIOS; a literal here keeps --help free of numpy imports)
-SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases")
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases", "slow-drift")
 
 SIM_HELP = """\
 Write a labelled synthetic fleet recording: N hosts (8 H100-like GPUs with 18 NVLinks, 8 NDR

@@ -428,6 +428,12 @@ def bad_cable(c: Ctx, f: Fault, *, fails: bool | None = None, flap_every: float 
     # A marginal cable or transceiver only drops symbols (the link stays up at full rate); one far
     # past the limit flaps, may come back at a lower rate, and may fail for good.
     severe = mult > 6 or flap_every is not None or bool(fails) or c.scenario == "flapping-cable"
+    # slow-drift: the error rate creeps from a tenth of the limit to 5x over the fault, no flaps
+    creep = c.scenario == "slow-drift"
+    if creep:
+        severe, fails, rate, mult = False, False, 5.0 * rate / mult, 5.0
+        lam = per_poll(rate, c.interval)
+    span = max(f.end_tick - f.onset_tick, 1)
     every = flap_every or float(c.rng.uniform(4, 20))  # polls between flaps
     fails = (bool(c.rng.random() < 0.4) and severe) if fails is None else fails
     fail_at = f.onset_tick + int((f.end_tick - f.onset_tick) * 0.6) if fails else None
@@ -441,7 +447,7 @@ def bad_cable(c: Ctx, f: Fault, *, fails: bool | None = None, flap_every: float 
                 _flap(c, f, p, hs, ts)
                 port.set_link("DOWN", "Disabled")
             return
-        port.bump("symbol_error", int(c.rng.poisson(lam)))
+        port.bump("symbol_error", int(c.rng.poisson(lam * (0.02 + 0.98 * k / span if creep else 1.0))))
         if severe and c.rng.random() < 0.1:
             port.bump("port_rcv_errors", int(c.rng.integers(1, 20)))
         if port.state == "DOWN":

@@ -20,7 +20,10 @@ from .rates import rates_per_host_hour
 from .timeline import Timeline
 from .topology import GPUS_PER_HOST, PORTS_PER_HOST, HostSpec
 
-SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases")
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases", "slow-drift")
+# slow-drift: faults a threshold sees late by design: cables whose error rate creeps up from a tenth
+# of the limit, and HBM UCEs after hours of growing corrected errors (what the models must beat).
+SLOW_DRIFT_MODES = ("net_link_bad_cable", "gpu_dram_uce")
 # hard-cases: the counter faults whose strength decides whether a threshold is right (limits.py),
 # in numbers a scorecard can measure recall on, beside the benign near-limit noise (engine.py).
 HARD_CASE_MODES = ("net_link_bad_cable", "pcie_link_degraded", "gpu_nvlink_error", "gpu_ecc_sbe_storm",
@@ -88,7 +91,8 @@ def _place(tl: Timeline, rng: np.random.Generator, spec: RunSpec, mode: str, fid
     ticks = spec.ticks
     dur = spec_ticks(dur_s if dur_s is not None else draw_duration(mode, rng), spec.interval_s)
     pre_max = spec_ticks(PRECURSOR_S.get(mode, 0), spec.interval_s) if mode in PRECURSOR_S else 0
-    pre = int(rng.integers(pre_max // 6, pre_max + 1)) if pre_max and rng.random() < 0.5 else 0
+    ramp = bool(pre_max) and (spec.scenario == "slow-drift" or rng.random() < 0.5)
+    pre = int(rng.integers(pre_max // 6, pre_max + 1)) if ramp else 0
     for _attempt in range(60):
         h = int(rng.integers(0, spec.hosts)) if host is None else host
         onset = int(rng.integers(2, max(ticks - 1, 3)))
@@ -128,6 +132,9 @@ def plan_faults(spec: RunSpec, tl: Timeline, rng: np.random.Generator) -> tuple[
         wanted += ["net_link_bad_cable"] * max(2, spec.hosts // 16)
     elif spec.scenario == "sbe-storm-no-uce":
         wanted += ["gpu_ecc_sbe_storm"] * max(2, spec.hosts // 16)
+    elif spec.scenario == "slow-drift":
+        for mode in SLOW_DRIFT_MODES:
+            wanted += [mode] * max(4, spec.hosts // 6)
     elif spec.scenario == "hard-cases":
         for mode in HARD_CASE_MODES:
             wanted += [mode] * max(6, spec.hosts // 3)

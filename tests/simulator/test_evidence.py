@@ -193,3 +193,30 @@ def test_hard_case_scenarios(tmp_path, scenario: str) -> None:  # type: ignore[n
         for t in storms:
             ue = [_ecc(s, t["component"], "dram_uncorrected_volatile") for s in samples if s.host == t["host"]]
             assert max(ue) == 0
+
+
+def test_slow_drift_creeps_and_ramps(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """slow-drift: a creeping cable's error rate rises through its fault and never flaps; every HBM
+    UCE comes after a corrected-error ramp."""
+    import json
+
+    from collectors.fleetsim.engine import simulate, truth_path
+    from collectors.fleetsim.plan import RunSpec
+    from fleethealth.bus import read_values
+    from fleethealth.schema import decode_sample
+
+    out = tmp_path / "d.jsonl"
+    simulate(RunSpec(hosts=12, duration_s=10 * 3600, interval_s=120, seed=3, scenario="slow-drift"), out)
+    truth = [json.loads(x) for x in truth_path(out).read_text().splitlines()]
+    samples = [decode_sample(b) for b in read_values(out)]
+    cables = [t for t in truth if t["failure_mode"] == "net_link_bad_cable"]
+    uces = [t for t in truth if t["failure_mode"] == "gpu_dram_uce"]
+    assert len(cables) >= 2 and len(uces) >= 2
+    for t in cables:
+        win = [s for s in samples if s.host == t["host"] and t["onset"] <= s.ts < t["end"]]
+        sym = [_port(s, t["component"]).counters["symbol_error"] for s in win]
+        half = len(sym) // 2
+        assert sym[-1] - sym[half] > sym[half] - sym[0], "the error rate does not creep up"
+        assert len({_port(s, t["component"]).counters["link_downed"] for s in win}) == 1, "a creeping cable flapped"
+    for t in uces:
+        assert "correctable-ECC ramp" in t["notes"], t["notes"]
