@@ -27,7 +27,7 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 
 
 _CHILD = """
-import cProfile, json, pstats, resource, sys
+import cProfile, json, pstats, sys
 from pathlib import Path
 from fleetcli.prom_import import ImportSpec, PromClient, run_import
 spec = ImportSpec(url="{url}", start={start}, end={end}, step={step}, max_points={max_points})
@@ -36,7 +36,9 @@ if prof: prof.enable()
 st = run_import(spec, Path("{out}"), PromClient("{url}"), force=True)
 if prof:
     prof.disable(); pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
-d = st.as_dict(); d["rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+d = st.as_dict()
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec (it would report the parent's peak)
+d["rss_kb"] = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
 print(json.dumps(d))
 """
 
@@ -102,7 +104,7 @@ def rows(hosts: int = 16, hours: float = 6.0, interval: float = 30.0) -> list[Ro
                 out.append(Row("import prometheus", f"host-samples/s (--max-points {max_points:,})",
                                d["samples"] / d["seconds"], "samples/s", cover))
                 out.append(Row("import prometheus", f"peak RSS (--max-points {max_points:,})", d["rss_kb"] / 1024,
-                               "MiB", "the importing process, without the CLI's start-up imports"))
+                               "MiB", "the importing process (VmHWM), without the CLI's start-up imports"))
         finally:
             prom.stop()
     return out

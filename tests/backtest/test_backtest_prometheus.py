@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -87,17 +86,15 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         time.sleep(1.5)  # the last scrape lands
         assert prom.up_targets() == len(targets)
         out = tmp / "history.jsonl.gz"
-        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         spec = ImportSpec(url=prom.url, start=ex.t0 - 2, end=ex.t0 + RUN_S, step=1.0, max_points=1_000)
         st = run_import(spec, out, PromClient(prom.url))
-        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         collected = tmp / "collected.jsonl"
         lines = []
         for h in HOSTS:
             lines += (tmp / f"collect-{h}.jsonl").read_text().splitlines()
         collected.write_text("\n".join(sorted(lines, key=lambda s: json.loads(s)["ts"])) + "\n")
         yield {"t0": ex.t0, "prom": prom, "ex": ex, "tmp": tmp, "out": out, "stats": st, "spec": spec,
-               "collected": collected, "rss_kb": (rss0, rss1)}
+               "collected": collected}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -129,8 +126,7 @@ def test_import_then_replay_raises_the_faults_at_their_times(scenario: dict[str,
     page_text = page.read_text()
     assert uuid(FAULTY, 2) in page_text and "gpu_dram_uce" in page_text
     print(f"\nbacktest fixture: {len(eps)} incidents; import {st.points} points, {st.samples} host-samples in "
-          f"{st.seconds:.2f} s ({st.points / st.seconds:.0f} points/s, {st.samples / st.seconds:.0f} host-samples/s); "
-          f"max RSS {scenario['rss_kb'][1] / 1024:.0f} MiB")
+          f"{st.seconds:.2f} s ({st.points / st.seconds:.0f} points/s, {st.samples / st.seconds:.0f} host-samples/s)")
     for e in eps:
         print(f"  {e.failure_mode:24s} {e.component:40s} {e.first_seen - t0:+6.1f} s after t0 [{e.detector}]")
 
