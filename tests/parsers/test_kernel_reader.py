@@ -286,3 +286,33 @@ def test_terminal_colour_codes_are_dropped():
     line = "\x1b[32m[  812.117215]\x1b[0m \x1b[33mNVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\x1b[0m"
     ev = parse_kernel_line(line, boot_time=BOOT)
     assert ev and ev.xid == 79 and ev.ts == pytest.approx(BOOT + 812.117215)
+
+
+def test_spoofed_syslog_file_through_follower_and_engine_raises_nothing(tmp_path):
+    """security review F7's reproduction: a combined syslog file followed as the kernel log, where
+    anyone who can reach sshd, run a job or call sudo writes text that looks like kernel failures."""
+    from detectors.engine import DetectorEngine
+    from fleethealth.schema import Sample
+
+    log = tmp_path / "messages"
+    log.write_text(
+        "Mar  5 10:11:12 gpu-node-007 sshd[4242]: Invalid user NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off "
+        "the bus. from 203.0.113.9 port 40022\n"
+        "Mar  5 10:11:12 gpu-node-007 myjob[99]: NVRM: Xid (PCI:0000:18:00): 48, An uncorrectable double bit error\n"
+        "Mar  5 10:11:13 gpu-node-007 sudo: alice : user NOT in sudoers ; COMMAND=/bin/echo mce: [Hardware Error]: "
+        "CPU 0: Machine Check: 0 Bank 5: be00000000800400 uncorrected\n"
+        "Mar  5 10:11:14 gpu-node-007 logger: pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: "
+        "0000:00:02.0\n")
+    f = KernelLogFollower(log, state_path=tmp_path / "p.json", year_hint=2024)
+    evs = f.poll()
+    assert evs == [] and f.parser.lines_foreign == 4
+    eng = DetectorEngine()
+    s = Sample(host="gpu-node-007", ts=LOCAL + 10, seq=1, collector_version="t", kernel_events=evs)
+    assert eng.feed(s) == [] and eng.flush() == []
+    # the same lines written by the kernel do raise incidents (the test can fail)
+    with open(log, "a") as fh:
+        fh.write("Mar  5 10:11:15 gpu-node-007 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off "
+                 "the bus.\n")
+    evs = f.poll()
+    s2 = Sample(host="gpu-node-007", ts=LOCAL + 20, seq=2, collector_version="t", kernel_events=evs)
+    assert "gpu_fell_off_bus" in {i.failure_mode for i in eng.feed(s2) + eng.flush()}
