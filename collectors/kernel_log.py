@@ -111,6 +111,7 @@ _DECODE = re.compile(r"^(?P<fac>kern|user|mail|daemon|auth|syslog|lpr|news|uucp|
                      r"\s{0,8}:(?P<lvl>\w{1,8})\s{0,8}:\s?")
 _ISO_TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
 _ISO = re.compile(rf"^(?P<iso>{_ISO_TS})\s")
+_DMESG_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:?\d\d$")
 _SHORT_FULL = re.compile(r"^(?P<wd>[A-Za-z]{3}) (?P<iso>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?) "
                          r"(?P<tz>[A-Za-z0-9+\-]{1,6})\s")
 _UNIX = re.compile(r"^(?P<unix>\d{9,11}\.\d{1,9})\s")
@@ -207,8 +208,10 @@ def _foreign(msg: str, ts: float | None, program: str) -> Stamp:
 
 
 def _after_stamp(rest: str, ts: float | None, rel: float | None, *, tag_means_foreign: bool,
-                 boot_time: float | None) -> Stamp:
-    """What follows a timestamp: ``host kernel: msg``, ``host prog[pid]: msg``, or the message itself."""
+                 boot_time: float | None, untagged_is_kernel: bool = True, depth: int = 0) -> Stamp:
+    """What follows a timestamp: ``host kernel: msg``, ``host prog[pid]: msg``, or the message itself
+    (a dmesg record; or, where the stamp is one no kernel tool prints without a tag — an
+    application's ``2024-03-05 10:11:12.123 ERROR …`` — text that must prove itself like a wrapper's)."""
     m = _TAGGED.match(rest)
     if m:
         tag, msg = m["tag"], rest[m.end():]
@@ -216,6 +219,8 @@ def _after_stamp(rest: str, ts: float | None, rel: float | None, *, tag_means_fo
             return _kernel_msg(msg, ts, rel, boot_time, KERNEL)
         if m["pid"] or (m["host"] and tag_means_foreign):
             return _foreign(msg, ts, tag)
+    if not untagged_is_kernel:
+        return _wrapped(rest, ts, boot_time, None, depth)
     return _kernel_msg(rest, ts, rel, boot_time)
 
 
@@ -270,14 +275,19 @@ def _stamped(line: str, boot_time: float | None, year_hint: int | None, depth: i
             return _wrapped(line[m.end():], _iso(m["iso"]), boot_time, year_hint, depth)
     m = _ISO.match(line)
     if m:
-        ts = _iso(m["iso"])  # dmesg --time-format iso writes "12:00:00,123456+00:00"; syslog daemons a "."
-        return _after_stamp(line[m.end():], ts, None, tag_means_foreign="," not in m["iso"], boot_time=boot_time)
+        # dmesg --time-format iso writes "2024-03-05T10:11:12,123456+00:00" (a T, a comma, an offset);
+        # syslog daemons and journalctl write a "." and always a tag; anything else is an application's
+        dmesg = _DMESG_ISO.match(m["iso"]) is not None
+        return _after_stamp(line[m.end():], _iso(m["iso"]), None, tag_means_foreign=not dmesg, boot_time=boot_time,
+                            untagged_is_kernel=dmesg, depth=depth)
     m = _SHORT_FULL.match(line)
     if m:
-        return _after_stamp(line[m.end():], _iso(m["iso"]), None, tag_means_foreign=True, boot_time=boot_time)
+        return _after_stamp(line[m.end():], _iso(m["iso"]), None, tag_means_foreign=True, boot_time=boot_time,
+                            untagged_is_kernel=False, depth=depth)
     m = _UNIX.match(line)
     if m:
-        return _after_stamp(line[m.end():], float(m["unix"]), None, tag_means_foreign=True, boot_time=boot_time)
+        return _after_stamp(line[m.end():], float(m["unix"]), None, tag_means_foreign=True, boot_time=boot_time,
+                            untagged_is_kernel=False, depth=depth)
     m = _SYSLOG.match(line)
     if m and month_number(m["mon"]) is not None:
         year = year_hint if year_hint is not None else datetime.now().year

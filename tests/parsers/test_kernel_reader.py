@@ -89,6 +89,9 @@ def test_prefix_format(name):
     "2024-03-05T10:11:12.000000000Z stdout F NVRM: Xid (PCI:0000:18:00): 79, x",
     '{"_TRANSPORT":"stdout","SYSLOG_IDENTIFIER":"kernel","MESSAGE":"NVRM: Xid (PCI:0000:18:00): 79, x"}',
     "user  :warn  : [ 12.0] NVRM: Xid (PCI:0000:18:00): 79, x",
+    # an application's log with an ISO stamp (not dmesg's "T…,ffffff+hh:mm" shape) and no tag
+    "2024-03-05 10:11:12.123 ERROR [1514002:1514004] NVRM: Xid (PCI:0000:18:00): 79, x",
+    "1709633472.117215 NVRM: Xid (PCI:0000:18:00): 79, x",
 ])
 def test_other_programs_lines_are_never_events(line):
     assert parse_kernel_line(line) is None
