@@ -17,12 +17,12 @@ from detectors.expr import ExprError, parse_expr
 from detectors.finding import Finding
 from detectors.paths import PathError, norm_pci, parse_path
 from detectors.rulefile import PRESENCE_CHECKS, RuleSpec
-from detectors.state import EventWindow, FlapCounter, FleetBaseline, HostState, counter_delta
+from detectors.state import SATURATED, EventWindow, FlapCounter, FleetBaseline, HostState, counter_delta
 from fleethealth.schema import Evidence, Sample
 from fleethealth.taxonomy import MODES, parse_mode
 
 TEMPLATE_FIELDS = {"component", "value", "delta", "prev", "rate", "window_s", "count", "line", "xid",
-                   "host", "rhs", "note", "links", "threshold", "baseline", "age_s"}
+                   "host", "rhs", "note", "links", "threshold", "baseline", "age_s", "a", "message"}
 _MISSING = object()
 
 
@@ -172,6 +172,8 @@ class CounterRule(Evaluator):
                 delta, note = sum(x or 0 for x in v), "first sight"
             else:
                 delta, note, links = v, "first sight", []
+                if v in SATURATED:
+                    note = "saturated"
         else:
             if prev == v:
                 return
@@ -182,8 +184,11 @@ class CounterRule(Evaluator):
             st.note(f"{comp} {self.path.text}: {note}")
         if self.kind == "counter_increase":
             if delta > self.delta_gt and (self.when is None or self.when(elem)):
-                out.append(self.finding(sample, comp, elem=elem, value=v, delta=delta, prev=prev, note=note,
-                                        links=links, threshold=self.delta_gt))
+                f = self.finding(sample, comp, elem=elem, value=v, delta=delta, prev=prev, note=note,
+                                 links=links, threshold=self.delta_gt)
+                if note == "saturated":
+                    f.evidence[0].fact += f" ({self.path.text.rsplit('.', 1)[-1]}={v} is saturated: at least this many)"
+                out.append(f)
             return
         w = mem[s + 1]
         if w is None:
@@ -354,6 +359,22 @@ _AER_SOURCE = re.compile(r"error received: (?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2
 
 
 class KernelEventRule(Evaluator):
+    """Kernel-log lines of one kind / severity / text. ``not_match``: lines it must not match;
+    ``after``: only once a line matching it named the component (remembered across samples);
+    ``cleared_by``: skip a line that a later line for the same component (in this sample) undoes
+    (a link down then up); ``at_most``: skip when more such lines name the component in this sample
+    (a repeat rule names that); ``unless``: skip while another line of the sample matches it (a more
+    specific rule names the fault); ``count_gt`` + ``window_s``: repeats; ``benign_details``."""
+
+    nslots = 2  # repeat windows per component, components seen by ``after``
+
+    def _rx(self, key: str) -> re.Pattern[str] | None:
+        text = self.spec.params.get(key)
+        try:
+            return re.compile(text) if text else None
+        except re.error as exc:
+            raise self.spec.error(key, f"bad regex: {exc}") from None
+
     def __init__(self, spec: RuleSpec, slot: int) -> None:
         super().__init__(spec, slot)
         p = spec.params
@@ -364,9 +385,20 @@ class KernelEventRule(Evaluator):
             self.rx = re.compile(p["match"]) if p.get("match") else None
         except re.error as exc:
             raise spec.error("match", f"bad regex: {exc}") from None
+        self.not_rx, self.cleared_rx, self.unless_rx, self.after_rx = (
+            self._rx(k) for k in ("not_match", "cleared_by", "unless", "after"))
         self.names_gpu = MODES[parse_mode(spec.failure_mode)].component.value in ("gpu", "nvlink")
         if not (self.kind_ or self.xids or self.rx or self.sev):
             raise spec.error(None, "kernel_event needs at least one of event_kind, xid_in, match, severity_in")
+        # repeats: fire when more than count_gt matching lines name one component within window_s
+        # (event time: the log's own stamps, so a capture and a stream count the same)
+        self.count_gt = int(p.get("count_gt", 0))
+        self.window_s = float(p.get("window_s", 0.0))
+        if self.count_gt and self.window_s <= 0:
+            raise spec.error("window_s", "count_gt needs a positive window_s")
+        # an AER header whose detail lines ([bit] Name) in the same record are all benign is not a fault
+        self.benign = frozenset(b.lower() for b in p.get("benign_details", []))
+        self.at_most = int(p.get("at_most", 0))
 
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
               out: list[Finding]) -> None:
@@ -374,15 +406,39 @@ class KernelEventRule(Evaluator):
             return
         from detectors.xidrule import pci_to_gpu
 
-        for ev in sample.kernel_events:
+        events = sample.kernel_events
+        seen: set[Any] | None = None
+        if self.after_rx is not None:
+            seen = mem[self.slot + 1]
+            if seen is None:
+                seen = mem[self.slot + 1] = set()
+        skip = _benign_records(events, self.benign) if self.benign else ()
+        for i, ev in enumerate(events):
+            if seen is not None and len(seen) < 256 and self.after_rx.search(ev.message or ev.line):  # type: ignore[union-attr]
+                seen.add(ev.pci_addr)
             if self.kind_ and ev.kind != self.kind_:
                 continue
             if self.xids and ev.xid not in self.xids:
                 continue
             if self.sev and (ev.severity or "").lower() not in self.sev:
                 continue
-            m = self.rx.search(ev.line) if self.rx else None
+            text = ev.message or ev.line
+            m = self.rx.search(text) if self.rx else None
             if self.rx and not m:
+                continue
+            if self.not_rx is not None and self.not_rx.search(text):
+                continue
+            if i in skip:
+                continue
+            if seen is not None and ev.pci_addr not in seen:
+                continue  # never seen up: a port without a cable at probe
+            if self.unless_rx is not None and any(self.unless_rx.search(e.message or e.line) for e in events):
+                continue
+            if self.at_most and self.rx is not None and sum(
+                    1 for e in events if e.pci_addr == ev.pci_addr and self.rx.search(e.message or e.line)) > self.at_most:
+                continue
+            if self.cleared_rx is not None and any(
+                    e.pci_addr == ev.pci_addr and self.cleared_rx.search(e.message or e.line) for e in events[i + 1:]):
                 continue
             c = "host"
             if ev.pci_addr:
@@ -392,4 +448,143 @@ class KernelEventRule(Evaluator):
                 c = pci_to_gpu(sample).get(addr, addr) if self.names_gpu else addr
             if m and "component" in m.groupdict() and m["component"]:
                 c = m["component"]
-            out.append(self.finding(sample, c, line=ev.line, ts=ev.ts, xid=ev.xid, value=ev.kind))
+            if self.count_gt:
+                wins = mem[self.slot]
+                if wins is None:
+                    wins = mem[self.slot] = {}
+                w = wins.get(c)
+                if w is None:
+                    if len(wins) >= 256:
+                        continue
+                    w = wins[c] = EventWindow()
+                w.add(ev.ts, 1)
+                n = w.sum(max(ev.ts, w.events[-1][0]), self.window_s)
+                if n <= self.count_gt:
+                    continue
+                if n > self.count_gt + 1 and not st.snapshot:
+                    continue  # one finding when the window crosses the limit, not one per line after it
+            out.append(self.finding(sample, c, line=ev.line, ts=ev.ts, xid=ev.xid, value=ev.kind,
+                                    message=ev.message, count=self.count_gt + 1, window_s=self.window_s))
+
+
+_DETAIL = re.compile(r"^\s*\[\s*\d+\]\s+(?P<name>[A-Za-z][\w ()-]*?)\s*(?:\(First\))?\s*$")
+
+
+def _benign_records(events: list[Any], benign: frozenset[str]) -> set[int]:
+    """Indexes of the lines of AER records whose every ``[bit] Name`` detail is benign: the header
+    (``severity=...``), its detail lines (same device, up to the next header) and the port's
+    ``error received: <device>`` line just before it."""
+    out: set[int] = set()
+    n = len(events)
+    for i, head in enumerate(events):
+        if head.kind != "aer" or "severity=" not in (head.message or head.line):
+            continue
+        names, idx = [], [i]
+        for j in range(i + 1, min(n, i + 24)):
+            ev = events[j]
+            text = ev.message or ev.line
+            if ev.kind != "aer" or ev.pci_addr != head.pci_addr or "severity=" in text:
+                break
+            idx.append(j)
+            m = _DETAIL.search(text)
+            if m:
+                names.append(m["name"].strip().lower())
+        if not names or not all(x in benign for x in names):
+            continue
+        for j in range(max(0, i - 3), i):
+            src = _AER_SOURCE.search(events[j].line) if events[j].kind == "aer" else None
+            if src is not None and norm_pci(src.group(1)) == norm_pci(head.pci_addr or ""):
+                idx.append(j)
+        out.update(idx)
+    return out
+
+
+# --------------------------------------------------------------------------- capture facts
+
+
+class FactRule(Evaluator):
+    """Capture-only evidence (``diagnose``): a parsed Fact of kind ``fact`` whose attributes match
+    ``attrs`` (a value, or a list of allowed values; a list attribute matches when any element is
+    allowed), whose raw line matches ``match``, and for which ``test`` holds (``a OP b`` over
+    attribute names and numbers, ``b`` may be ``name - number``). ``below_common: ATTR`` fires for
+    facts whose ATTR is below the most common value among at least ``min_facts`` such facts."""
+
+    def __init__(self, spec: RuleSpec, slot: int) -> None:
+        super().__init__(spec, slot)
+        p = spec.params
+        self.fact = p["fact"]
+        self.attrs = {k: (frozenset(v) if isinstance(v, list) else frozenset([v]))
+                      for k, v in (p.get("attrs") or {}).items()}
+        try:
+            self.rx = re.compile(p["match"]) if p.get("match") else None
+        except re.error as exc:
+            raise spec.error("match", f"bad regex: {exc}") from None
+        self.test = _fact_test(spec, p.get("test"))
+        self.below = p.get("below_common")
+        self.min_facts = int(p.get("min_facts", 3))
+        self.count_gt = int(p.get("count_gt", 0))
+
+    def _matches(self, f: Any) -> bool:
+        if f.kind != self.fact:
+            return False
+        for k, allowed in self.attrs.items():
+            v = f.attrs.get(k)
+            if isinstance(v, list | tuple | set | frozenset):
+                if not any(x in allowed for x in v):
+                    return False
+            elif v not in allowed:
+                return False
+        if self.rx is not None and not self.rx.search(f.line):
+            return False
+        return self.test is None or self.test(f.attrs)
+
+    def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
+              out: list[Finding]) -> None:
+        hits = [f for f in st.facts if self._matches(f)]
+        if self.below and hits:
+            vals = [f.attrs.get(self.below) for f in hits if f.attrs.get(self.below)]
+            if len(vals) < self.min_facts:
+                return
+            common = max(set(vals), key=lambda v: (vals.count(v), v))
+            hits = [f for f in hits if f.attrs.get(self.below) and f.attrs[self.below] < common]
+            for f in hits:
+                out.append(self.finding(sample, f.component or "host", line=f.line, a=_Fmt(f.attrs), rhs=common))
+            return
+        if self.count_gt:
+            per: dict[str, list[Any]] = {}
+            for f in hits:
+                per.setdefault(f.component or "host", []).append(f)
+            for comp_, fs in per.items():
+                n = sum(min(int(f.attrs.get("count") or 1), 1 << 20) for f in fs)
+                if n > self.count_gt:
+                    out.append(self.finding(sample, comp_, line=fs[0].line, a=_Fmt(fs[0].attrs), count=n))
+            return
+        for f in hits:
+            out.append(self.finding(sample, f.component or "host", line=f.line, a=_Fmt(f.attrs),
+                                    value=f.attrs.get("value", "")))
+
+
+_TEST = re.compile(r"^\s*(?P<a>[a-z_][a-z0-9_]*)\s*(?P<op>>=|<=|==|!=|>|<)\s*"
+                   r"(?P<b>[a-z_][a-z0-9_]*|-?\d+(?:\.\d+)?)(?:\s*-\s*(?P<k>\d+(?:\.\d+)?))?\s*$")
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def _fact_test(spec: RuleSpec, text: str | None) -> Callable[[dict[str, Any]], bool] | None:
+    if not text:
+        return None
+    m = _TEST.match(text)
+    if m is None:
+        raise spec.error("test", f"test {text!r} must be 'name OP name|number [- number]'")
+    a, op, b, k = m["a"], _OPS[m["op"]], m["b"], float(m["k"] or 0)
+    num = None if b[0].isalpha() or b[0] == "_" else float(b)
+
+    def test(attrs: dict[str, Any]) -> bool:
+        x = attrs.get(a)
+        y = num if num is not None else attrs.get(b)
+        if not isinstance(x, int | float) or not isinstance(y, int | float) or isinstance(x, bool):
+            return False
+        return op(x, y - k)
+
+    return test

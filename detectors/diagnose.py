@@ -1,8 +1,8 @@
 """``fleethealth diagnose PATH...``: the offline doctor for captured artifacts.
 
 Each path (a file or a sysfs snapshot folder) is sniffed for its format, parsed by
-:mod:`collectors.parsers`, and evaluated by the snapshot rules (thresholds in
-``detectors/diagnose_rules.yaml``, Xid semantics from NVIDIA's catalog in ``fleethealth.xid``).
+:mod:`collectors.parsers`, and judged by the streaming detectors' own rule set in snapshot mode
+(:mod:`detectors.diagnose_engine`): one rule set, one engine, two ways of feeding it.
 Exit 0 = healthy, 1 = findings, 2 = an input could not be read (the reason is printed), 3 = no evidence
 (nothing in the inputs could show a fault: a vGPU scrape without memory-error fields, a log without kernel
 lines). Inputs: files (gzip detected by content), ``-`` for stdin, folders (walked, each file reported),
@@ -19,10 +19,9 @@ from typing import Any, BinaryIO, TextIO
 
 from collectors.parsers import Parsed, ParseError, decode_capture, parse_captures, read_source, sysfs_snapshot
 from collectors.parsers.base import coverage
-from detectors.diagnose_gpu import evaluate_gpus, evaluate_xids, make
-from detectors.diagnose_host import evaluate_dram, evaluate_facts, evaluate_net, evaluate_pcie
-from detectors.diagnose_rules import DiagnoseRules, default_rules, load_rules
+from detectors.diagnose_engine import combine, evaluate, load_snapshot_rules, snapshot_rules
 from detectors.finding import Finding
+from detectors.ruleset import RuleSet
 from fleethealth.cliutil import flag
 from fleethealth.taxonomy import info
 
@@ -46,57 +45,13 @@ class Diagnosis:
         return "no evidence" if self.evidence == [] else "healthy"
 
 
-def evaluate(p: Parsed, host: str = "unknown", rules: DiagnoseRules | None = None) -> list[Finding]:
-    """All snapshot rules over one parsed capture (pure)."""
-    rules = rules or default_rules()
-    found = evaluate_gpus(p, host, rules) + evaluate_pcie(p, host, rules) + evaluate_net(p, host, rules)
-    found += evaluate_dram(p, host, rules) + evaluate_facts(p, host)
-    found += evaluate_xids(_xid_events(p), host)
-    found += _fell_off_lines(p, host)
-    return _consolidate(found)
-
-
-def _xid_events(p: Parsed) -> list[tuple[str, int, str]]:
-    uuid = {f.component: f.attrs["uuid"] for f in p.facts if f.kind == "gpu_uuid"}
-    events: list[tuple[str, int, str]] = []
-    for ev in p.sample.kernel_events:
-        if ev.kind == "xid" and ev.xid is not None:
-            events.append((uuid.get(ev.pci_addr or "", ev.pci_addr or "gpu"), ev.xid, ev.line))
-    for f in p.facts:
-        if f.kind == "xid_caused_by":
-            events.append((uuid.get(f.component, f.component or "gpu"), f.attrs["cause"], f.line))
-        elif f.kind == "xid_metric":
-            events.append((f.component, f.attrs["xid"], f.line))
-    return events
-
-
-def _fell_off_lines(p: Parsed, host: str) -> list[Finding]:
-    return [make(host, ev.pci_addr or "gpu", "gpu_fell_off_bus", "fallen_off_bus",
-                 "the driver reports the GPU has fallen off the bus", ev.line)
-            for ev in p.sample.kernel_events if ev.kind == "fell_off_bus"]
-
-
-def _consolidate(found: list[Finding]) -> list[Finding]:
-    """One finding per (component, failure mode), the most confident; a PCIe Surprise Down on a host
-    whose GPU fell off the bus is that event's footprint, not a separate fault."""
-    fell = any(f.failure_mode == "gpu_fell_off_bus" for f in found)
-    best: dict[tuple[str, str], Finding] = {}
-    for f in found:
-        if fell and f.failure_mode == "pcie_fatal" and f.detector.endswith(":surprise_down"):
-            continue
-        key = (f.component, f.failure_mode)
-        if key not in best or f.confidence > best[key].confidence:
-            best[key] = f
-    return list(best.values())
-
-
 MAX_WALK = 10_000  # files read from one folder
 
 
-def diagnose_path(path: Path, host: str | None, rules: DiagnoseRules) -> Diagnosis:
+def diagnose_path(path: Path, host: str | None = None, rules: RuleSet | None = None) -> Diagnosis:
     """One input: a capture file (``-`` for stdin; gzip by content), a sysfs snapshot folder, or a
     folder of captures (walked; its files' findings together; :func:`diagnose_input` reports each)."""
-    ds = diagnose_input(str(path), host, rules)
+    ds = diagnose_input(str(path), host, rules or snapshot_rules())
     if len(ds) == 1 and ds[0].path == str(path):
         return ds[0]
     d = Diagnosis(str(path), format="folder", evidence=[])
@@ -106,11 +61,11 @@ def diagnose_path(path: Path, host: str | None, rules: DiagnoseRules) -> Diagnos
             continue
         d.findings += x.findings
         d.evidence = sorted(set(d.evidence or []) | set(x.evidence or []))
-    d.findings = _consolidate(d.findings)
+    d.findings = combine(d.findings)
     return d
 
 
-def diagnose_input(arg: str, host: str | None, rules: DiagnoseRules, stdin: BinaryIO | None = None) -> list[Diagnosis]:
+def diagnose_input(arg: str, host: str | None, rules: RuleSet, stdin: BinaryIO | None = None) -> list[Diagnosis]:
     """Every capture an argument names: one Diagnosis per file (a folder that is not a sysfs snapshot
     is walked, in name order, hidden entries skipped)."""
     p = Path(arg)
@@ -128,7 +83,7 @@ def diagnose_input(arg: str, host: str | None, rules: DiagnoseRules, stdin: Bina
     return [_diagnose_file(arg, host, rules, stdin)]
 
 
-def _diagnose_tree(p: Path, host: str | None, rules: DiagnoseRules) -> Diagnosis:
+def _diagnose_tree(p: Path, host: str | None, rules: RuleSet) -> Diagnosis:
     d = Diagnosis(str(p), format=sysfs_snapshot.FORMAT)
     try:
         parsed = sysfs_snapshot.parse_files(sysfs_snapshot.read_tree(p))
@@ -138,7 +93,7 @@ def _diagnose_tree(p: Path, host: str | None, rules: DiagnoseRules) -> Diagnosis
     return _finish(d, [parsed], host, rules)
 
 
-def _diagnose_file(arg: str, host: str | None, rules: DiagnoseRules, stdin: BinaryIO | None) -> Diagnosis:
+def _diagnose_file(arg: str, host: str | None, rules: RuleSet, stdin: BinaryIO | None) -> Diagnosis:
     d = Diagnosis(arg)
     try:
         text = decode_capture(read_source(arg, stdin), arg)
@@ -151,7 +106,7 @@ def _diagnose_file(arg: str, host: str | None, rules: DiagnoseRules, stdin: Bina
     return _finish(d, parse_captures(text, arg), host, rules)
 
 
-def _finish(d: Diagnosis, parts: list[Parsed], host: str | None, rules: DiagnoseRules) -> Diagnosis:
+def _finish(d: Diagnosis, parts: list[Parsed], host: str | None, rules: RuleSet) -> Diagnosis:
     d.format = " + ".join(dict.fromkeys(p.format for p in parts))
     found: list[Finding] = []
     covered: set[str] = set()
@@ -161,7 +116,7 @@ def _finish(d: Diagnosis, parts: list[Parsed], host: str | None, rules: Diagnose
             d.warnings.append(f"{parsed.skipped_lines} line(s) or value(s) skipped as unparseable")
         found += evaluate(parsed, host or parsed.sample.host, rules)
         covered |= set(coverage(parsed))
-    d.findings = _consolidate(found)
+    d.findings = combine(found)
     d.evidence = sorted(covered)
     return d
 
@@ -212,7 +167,7 @@ def run(paths: list[str], *, as_json: bool = False, host: str | None = None, rul
     an input held no evidence (nothing in it could show a fault), else 0."""
     out = out or sys.stdout
     err = err or sys.stderr
-    rules = load_rules(Path(rules_path)) if rules_path else default_rules()
+    rules = load_snapshot_rules(rules_path)
     outcomes: set[str] = set()
     for arg in paths:
         for d in diagnose_input(arg, host, rules, stdin):
@@ -258,5 +213,6 @@ def register_diagnose(sub: Any) -> None:
     flag(p, "--json", action="store_true", help="one JSON object per finding per line")
     flag(p, "--host", metavar="NAME", help="host name to put in findings (default: unknown)")
     flag(p, "--rules", metavar="FILE", env="FLEETHEALTH_DIAGNOSE_RULES",
-         help="thresholds file (default: the shipped detectors/diagnose_rules.yaml)")
+         help="rule file or folder of rule files (default: the shipped detectors/rules/, the streaming "
+              "detectors' own rules, applied to the capture in snapshot mode)")
     p.set_defaults(func=_handler)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detectors.finding import Detector, Finding
-from detectors.rulefile import rules_dir
+from detectors.rulefile import load_rule_files, rules_dir
 from detectors.ruleset import RuleSet
 from detectors.state import Admission, HostState
 from fleethealth.schema import Sample
@@ -111,6 +111,8 @@ def all_detectors() -> list[tuple[str, Factory]]:
     _import_models()
     out: list[tuple[str, Factory]] = []
     for p in sorted(rules_dir().glob("*.yaml")):
+        if not any(s.stream for s in load_rule_files([p])):
+            continue  # capture-only rules (diagnose's facts): nothing for a stream to run
         out.append((f"rules:{p.stem}", lambda p=p: RuleFileDetector(p)))
     out.append(("engine", EngineDetector))
     for name, factory in sorted(_MODELS.items()):

@@ -36,14 +36,25 @@ KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "flapping": {"path": ((str,), True), "window_s": (NUM, True), "changes_gt": ((int,), True)},
     "presence": {"check": ((str,), True), "values": ((list,), False), "for_samples": ((int,), False)},
     "kernel_event": {"event_kind": ((str,), False), "xid_in": ((list,), False), "match": ((str,), False),
-                     "severity_in": ((list,), False)},
+                     "severity_in": ((list,), False), "not_match": ((str,), False), "count_gt": ((int,), False),
+                     "window_s": (NUM, False), "benign_details": ((list,), False),
+                     "cleared_by": ((str,), False), "unless": ((str,), False), "at_most": ((int,), False),
+                     "after": ((str,), False)},
+    # capture-only evidence (diagnose): a parsed Fact of one kind, its attributes, an optional test
+    "fact": {"fact": ((str,), True), "attrs": ((dict,), False), "test": ((str,), False),
+             "match": ((str,), False), "below_common": ((str,), False), "min_facts": ((int,), False),
+             "count_gt": ((int,), False)},
     "xid_table": {"overrides": ((dict,), False), "cooccur_s": (NUM, False), "skip_modes": ((list,), False)},
     "fleet_outlier": {"path": ((str,), True), "window_s": (NUM, True), "percentile": (NUM, False),
                       "factor": (NUM, True), "min_rate_per_hour": (NUM, True)},
     "staleness": {"intervals": (NUM, True), "min_s": (NUM, False)},
 }
 COMMON = {"id", "kind", "failure_mode", "severity", "confidence", "evidence", "quiet_s", "description",
-          "component"}
+          "component", "snapshot", "stream"}
+# ``snapshot:`` (how diagnose reads the rule on one capture): ``false`` (not judged on a capture), or
+# a mapping of this kind's keys to use instead, plus ``lifetime_gt`` (a window/rate rule judged on
+# the lifetime value a capture shows) and ``confidence``.
+SNAPSHOT_KEYS = {"lifetime_gt", "confidence", "for_samples", "count_gt"}
 COMPONENT_NAMING = ("default", "pci")  # pci: a GPU-scope rule names the GPU's PCI address
 PRESENCE_CHECKS = ("gpu_count_below_expected", "not_present", "nvml_error")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -63,6 +74,8 @@ class RuleSpec:
     quiet_s: float | None = None
     description: str = ""
     component: str = "default"
+    snapshot: dict[str, Any] | None = field(default_factory=dict)  # None: skipped in snapshot mode
+    stream: bool = True  # false: a capture-only rule (lifetime counters the collector does not read)
 
     def error(self, key: str | None, msg: str) -> RuleError:
         return RuleError(f"{self.lines.get(key or '', self.where)}: rule {self.id!r}: {msg}")
@@ -139,6 +152,12 @@ def _parse_rule(node: yaml.Node, name: str) -> RuleSpec:
     quiet = raw.get("quiet_s")
     if quiet is not None and (not isinstance(quiet, NUM) or quiet <= 0):
         raise RuleError(f"{lines.get('quiet_s', at)}: rule {rid!r}: quiet_s must be a positive number")
+    snap = raw.get("snapshot", {})
+    if snap is False:
+        snap = None
+    elif not isinstance(snap, dict) or not set(snap) <= SNAPSHOT_KEYS | set(KINDS[kind]):
+        raise RuleError(f"{lines.get('snapshot', at)}: rule {rid!r}: snapshot must be false or a mapping of "
+                        f"{', '.join(sorted(SNAPSHOT_KEYS))} or this kind's keys")
     schema = KINDS[kind]
     params: dict[str, Any] = {}
     for key, val in raw.items():
@@ -155,7 +174,8 @@ def _parse_rule(node: yaml.Node, name: str) -> RuleSpec:
         if required and key not in params:
             raise RuleError(f"{at}: rule {rid!r}: kind {kind} needs '{key}'")
     return RuleSpec(rid, kind, mode, sev, float(conf), ev, params, at, lines,
-                    float(quiet) if quiet is not None else None, str(raw.get("description", "")), naming)
+                    float(quiet) if quiet is not None else None, str(raw.get("description", "")), naming, snap,
+                    raw.get("stream", kind != "fact") is not False)
 
 
 def rules_dir() -> Path:

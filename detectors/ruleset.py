@@ -17,6 +17,7 @@ from detectors.compiled import (
     CounterGroup,
     CounterRule,
     Evaluator,
+    FactRule,
     FlappingRule,
     KernelEventRule,
     PresenceRule,
@@ -30,9 +31,37 @@ from detectors.xidrule import XidTableRule
 from fleethealth.schema import Sample
 
 _SIMPLE = {"condition": ConditionRule, "flapping": FlappingRule, "presence": PresenceRule,
-           "kernel_event": KernelEventRule, "xid_table": XidTableRule}
+           "kernel_event": KernelEventRule, "xid_table": XidTableRule, "fact": FactRule}
 _COUNTER = ("counter_increase", "counter_rate", "fleet_outlier")
 STATELESS_SKIP = ("counter_rate", "fleet_outlier", "flapping", "staleness")
+
+
+def snapshot_view(spec: RuleSpec) -> RuleSpec | None:
+    """The rule as ``diagnose`` applies it to one capture, or None when a capture cannot show it.
+
+    A capture is one look: persistence (``for_samples``) is one sample unless the rule's
+    ``snapshot:`` says otherwise; a rate or fleet rule is judged on the lifetime value against its
+    ``snapshot: lifetime_gt`` (no such key: not judged); flapping and staleness need a stream."""
+    if spec.snapshot is None or spec.kind in ("flapping", "staleness"):
+        return None
+    ov = dict(spec.snapshot)
+    conf = float(ov.pop("confidence", spec.confidence))
+    lifetime = ov.pop("lifetime_gt", None)
+    params = dict(spec.params)
+    kind, evidence = spec.kind, spec.evidence
+    if kind in ("counter_rate", "fleet_outlier"):
+        if lifetime is None:
+            return None
+        kind = "counter_increase"
+        params = {"path": spec.params["path"], "delta_gt": lifetime}
+        if "when" in spec.params:
+            params["when"] = spec.params["when"]
+        evidence = f"{spec.params['path']} = {{value}} since the counter last reset (lifetime limit {lifetime})"
+    elif kind in ("condition", "presence"):
+        params["for_samples"] = 1
+    params.update(ov)
+    return RuleSpec(spec.id, kind, spec.failure_mode, spec.severity, conf, evidence, params, spec.where,
+                    spec.lines, spec.quiet_s, spec.description, spec.component, spec.snapshot, spec.stream)
 
 
 class RuleSet:
@@ -48,6 +77,13 @@ class RuleSet:
         dict_keys: dict[tuple[str, str], list[str] | None] = {}
         for spec in specs:
             check_template(spec)
+            if snapshot:
+                view = snapshot_view(spec)
+                if view is None:
+                    continue
+                spec = view
+            elif spec.kind == "fact" or not spec.stream:
+                continue  # capture-only evidence: a stream carries no facts
             if spec.kind == "staleness":
                 if self.staleness is not None:
                     raise spec.error("kind", f"only one staleness rule allowed (first at {self.staleness.where})")
@@ -108,9 +144,12 @@ class RuleSet:
                 for ev in evs:
                     ev.check(mem, st, comp, elem, sample, out)
 
-    def evaluate_snapshot(self, sample: Sample) -> list[Finding]:
+    def evaluate_snapshot(self, sample: Sample, facts: list[Any] | None = None) -> list[Finding]:
+        """One capture, statelessly: counters count from zero; ``facts`` (parsed observations the
+        contract has no field for) feed the ``fact`` rules."""
         st = HostState(sample.host)
         st.snapshot = True
+        st.facts = list(facts or [])
         out: list[Finding] = []
         self.evaluate(st, sample, out)
         return out
@@ -129,14 +168,14 @@ class RuleSet:
         return {s.failure_mode for s in self.specs}
 
 
-def evaluate_snapshot(sample: Sample, rules: RuleSet | None = None) -> list[Finding]:
+def evaluate_snapshot(sample: Sample, rules: RuleSet | None = None, facts: list[Any] | None = None) -> list[Finding]:
     """Stateless evaluation of one sample (for ``diagnose``): counters count from zero."""
     global _SNAPSHOT
     if rules is None:
         if _SNAPSHOT is None:
             _SNAPSHOT = RuleSet.load(snapshot=True)
         rules = _SNAPSHOT
-    return rules.evaluate_snapshot(sample)
+    return rules.evaluate_snapshot(sample, facts)
 
 
 _SNAPSHOT: Any = None

@@ -128,6 +128,7 @@ class HostState:
     # per scope: [the sample list last evaluated, any component live then] (see detectors.codegen)
     gates: list[list[Any]] = field(default_factory=list)
     snapshot: bool = False  # stateless evaluation: counters count from zero
+    facts: list[Any] = field(default_factory=list)  # snapshot only: parsed facts of the capture
     notes: list[str] = field(default_factory=list)  # bounded: last few state notes
 
     def note(self, text: str) -> None:

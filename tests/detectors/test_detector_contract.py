@@ -21,7 +21,7 @@ def _stream(n: int = 90, hosts: int = 3):
     """A small fleet where every fault family shows up: UCE step, port bounce, Xids, AER, EDAC, a
     PCIe replay storm, and a GPU running hot against its peers for long enough (15 min at 10 s polls)
     that the windowed models see it too. Every detector must emit on it (test_every_detector_emits)."""
-    from fleethealth.schema import XidEvent
+    from fleethealth.schema import KernelEvent, XidEvent
 
     series = [HostSeries(f"c-{i}") for i in range(hosts)]
     out = []
@@ -41,6 +41,12 @@ def _stream(n: int = 90, hosts: int = 3):
                     s.gpus[3] = replace(g, pcie=replace(g.pcie, replay_counter=g.pcie.replay_counter + 100 * (k - 9)))
                 if k >= 10 and i == 0:  # one GPU 25 C above its peers
                     s.gpus[5] = replace(s.gpus[5], temperature_c=s.gpus[5].temperature_c + 25.0)
+                if 30 <= k < 40 and i == 1:  # the PSU asserts the power brake
+                    s.gpus[2] = replace(s.gpus[2], clocks_event_reasons=0x80)
+                if k == 40 and i == 1:  # a kernel-log family line (kept by the reader as kind other)
+                    msg = "nvidia-nvswitch1: SXid (PCI:0000:86:00.0): 24007, Fatal, Link 03 crumbstore ECC DBE"
+                    s.kernel_events = [KernelEvent(ts=s.ts, kind="other", line=msg, message=msg,
+                                                   pci_addr="0000:86:00.0", severity="fatal")]
             out.append(h.advance(fn))
     return out
 

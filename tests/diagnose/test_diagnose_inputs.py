@@ -14,7 +14,7 @@ import pytest
 from collectors.parsers import parse_captures
 from collectors.parsers.split import split_captures
 from detectors.diagnose import EXIT_NO_EVIDENCE, diagnose_input, run
-from detectors.diagnose_rules import default_rules
+from detectors.diagnose_engine import snapshot_rules
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "parsers"
 XID79 = b"[  812.117215] NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus.\n"
@@ -32,7 +32,7 @@ def test_stdin(capsys: pytest.CaptureFixture[str]) -> None:
 def test_gzip_is_detected_by_content_not_name(tmp_path: Path) -> None:
     f = tmp_path / "capture.txt"  # no .gz in the name
     f.write_bytes(gzip.compress(XID79))
-    [d] = diagnose_input(str(f), None, default_rules())
+    [d] = diagnose_input(str(f), None, snapshot_rules())
     assert modes(d) == {"gpu_fell_off_bus"} and not d.error
     bad = tmp_path / "broken.gz"
     bad.write_bytes(b"\x1f\x8b" + b"\x00garbage")
@@ -45,7 +45,7 @@ def test_folder_is_walked_and_each_file_reported(tmp_path: Path, capsys: pytest.
     (tmp_path / "b.log").write_bytes(XID79)
     (tmp_path / "notes.txt").write_text("nothing here\n")
     (tmp_path / ".hidden").write_bytes(XID79)
-    ds = diagnose_input(str(tmp_path), None, default_rules())
+    ds = diagnose_input(str(tmp_path), None, snapshot_rules())
     assert [Path(d.path).name for d in ds] == ["nvsmi.txt", "b.log", "notes.txt"]
     assert [d.outcome for d in ds] == ["healthy", "findings", "no evidence"]
     assert run([str(tmp_path)]) == 1
@@ -54,7 +54,7 @@ def test_folder_is_walked_and_each_file_reported(tmp_path: Path, capsys: pytest.
 
 
 def test_a_sysfs_snapshot_folder_is_one_input() -> None:
-    [d] = diagnose_input(str(FIX / "sysfs-ib-flap"), None, default_rules())
+    [d] = diagnose_input(str(FIX / "sysfs-ib-flap"), None, snapshot_rules())
     assert d.format == "sysfs-snapshot" and not d.error
 
 
@@ -68,14 +68,14 @@ def test_pasted_session_is_split_into_its_captures() -> None:
     eth = parsed[3].sample.net_ports[0]
     assert eth.device == "enp83s0f0np0" and eth.counters == {"rx_crc_errors_phy": 0, "rx_symbol_err_phy": 0,
                                                               "rx_discards_phy": 12}
-    [d] = diagnose_input(str(FIX / "session-ibstat-dmesg-ethtool-grep.txt"), None, default_rules())
+    [d] = diagnose_input(str(FIX / "session-ibstat-dmesg-ethtool-grep.txt"), None, snapshot_rules())
     assert {"net_link_down", "gpu_fell_off_bus"} <= modes(d)
 
 
 def test_bug_report_sections_are_split() -> None:
     text = (FIX / "bundle-bug-report-style.log").read_text()
     assert len(split_captures(text)) == 5
-    [d] = diagnose_input(str(FIX / "bundle-bug-report-style.log"), None, default_rules())
+    [d] = diagnose_input(str(FIX / "bundle-bug-report-style.log"), None, snapshot_rules())
     assert "pcie_fatal" in modes(d) and "kernel-log" in d.format
 
 
@@ -83,7 +83,7 @@ def test_unknown_format_falls_back_to_the_line_reader(tmp_path: Path) -> None:
     f = tmp_path / "grep-n.txt"
     f.write_text("matches of grep -n in the node's dmesg dump:\n"
                  "1700[  812.117215] NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, GPU has fallen off the bus.\n")
-    [d] = diagnose_input(str(f), None, default_rules())
+    [d] = diagnose_input(str(f), None, snapshot_rules())
     assert not d.error and d.format == "kernel-log (fallback)" and modes(d) == {"gpu_fell_off_bus"}
 
 
