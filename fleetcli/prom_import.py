@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from collectors.parsers.prom_map import PromMap, build, host_of, load_map
+from collectors.parsers.prom_map import PromMap, Series, build_resolved, host_of, load_map, resolve
 from collectors.parsers.prom_xid import XidGaugeTracker
 from fleethealth import __version__
 from fleethealth.errors import UserError
@@ -236,7 +236,7 @@ def run_import(spec: ImportSpec, out: Path, client: PromClient, *, table: PromMa
         while next_i < n_steps:
             i1 = min(n_steps, next_i + steps_per_chunk)
             c_start, c_end = spec.start + next_i * spec.step, spec.start + (i1 - 1) * spec.step
-            buckets: dict[float, dict[str, list[tuple[str, dict[str, str], float, str]]]] = {}
+            buckets: dict[float, dict[str, list[tuple[Series, float]]]] = {}
             chunk_points = 0
             for m in matches:
                 for series in client.query_range(m, c_start, c_end, spec.step):
@@ -246,20 +246,30 @@ def run_import(spec: ImportSpec, out: Path, client: PromClient, *, table: PromMa
                     if not host or not name:
                         st.unhosted_series += 1
                         continue
+                    sr = resolve(table, name, labels)
+                    if sr is None:  # a --match selector may bring series the table does not map
+                        continue
                     for ts, val in series.get("values") or ():
                         try:
                             v = float(val)
                         except (TypeError, ValueError):
                             st.skipped_values += 1
                             continue
-                        buckets.setdefault(round(float(ts), 3), {}).setdefault(host, []).append((name, labels, v, ""))
+                        by_host = buckets.get(ts)
+                        if by_host is None:
+                            by_host = buckets[ts] = {}
+                        pts = by_host.get(host)
+                        if pts is None:
+                            pts = by_host[host] = []
+                        pts.append((sr, v))
                         chunk_points += 1
             st.points += chunk_points
             st.peak_chunk_points = max(st.peak_chunk_points, chunk_points)
             lines: list[bytes] = []
-            for ts in sorted(buckets):
-                for host in sorted(buckets[ts]):
-                    parts = build(buckets[ts][host], table, evidence=False)
+            for ts_key in sorted(buckets):
+                ts = round(float(ts_key), 3)
+                for host in sorted(buckets[ts_key]):
+                    parts = build_resolved(buckets[ts_key][host], table)
                     st.skipped_values += parts.skipped
                     tr = trackers.get(host)
                     if tr is None:

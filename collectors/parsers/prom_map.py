@@ -286,6 +286,38 @@ def _gpu_ident(idx_s: str, uuid: str, pci_raw: str) -> tuple[str, int | None, st
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series' labels resolved against the table once (the importer reuses it for every point)."""
+
+    row: Row
+    link: int | None
+    labels: dict[str, str]
+    gpu: tuple[str, int | None, str, str] | None  # _gpu_ident
+    port: tuple[str, int] | None
+    mc: int | None
+
+
+def resolve(table: PromMap, name: str, labels: dict[str, str]) -> Series | None:
+    """The table row and the component a series is about; None for a series the table does not map."""
+    hit = table.lookup(name)
+    if hit is None or hit[0].kind == "unmapped":
+        return None
+    row, link = hit
+    gpu = port = mc = None
+    if row.target == "gpu" or row.kind == "fact":
+        gpu = _gpu_ident(labels.get("gpu", ""), labels.get("UUID", ""), labels.get("pci_bus_id", ""))
+    elif row.target == "net_port":
+        dev, port_s = labels.get("device", "")[:256], labels.get("port", "1")
+        if dev and port_s.isdigit() and int(port_s) <= 1_000_000:
+            port = (dev, int(port_s))
+    elif row.target == "edac":
+        mc_s = labels.get("controller", "")
+        if mc_s.isdigit() and int(mc_s) <= 1_000_000:
+            mc = int(mc_s)
+    return Series(row, link, labels, gpu, port, mc)
+
+
 class _Builder:
     def __init__(self, table: PromMap, evidence: bool) -> None:
         self.t = table
@@ -299,8 +331,7 @@ class _Builder:
         self.mcs: dict[int, EdacMc] = {}
         self.dimms: dict[tuple[int, str], EdacDimm] = {}
 
-    def gpu(self, labels: dict[str, str]) -> GpuSample | None:
-        ident = _gpu_ident(labels.get("gpu", ""), labels.get("UUID", ""), labels.get("pci_bus_id", ""))
+    def gpu(self, ident: tuple[str, int | None, str, str] | None, labels: dict[str, str]) -> GpuSample | None:
         if ident is None:
             return None
         key, idx, uuid, pci = ident
@@ -332,21 +363,24 @@ class _Builder:
         return x
 
     def add(self, name: str, labels: dict[str, str], v: float, raw: str) -> None:
-        hit = self.t.lookup(name)
-        if hit is None or hit[0].kind == "unmapped":
+        sr = resolve(self.t, name, labels)
+        if sr is None:
             self.out.unmapped += 1
             return
-        row, link = hit
+        self.add_series(sr, v, raw)
+
+    def add_series(self, sr: Series, v: float, raw: str = "") -> None:
+        row, labels = sr.row, sr.labels
         if not self.out.hostname and labels.get("Hostname"):
             self.out.hostname = labels["Hostname"][:253]
         if not self.out.driver_version and labels.get("DCGM_FI_DRIVER_VERSION"):
             self.out.driver_version = labels["DCGM_FI_DRIVER_VERSION"][:256]
         if row.target == "gpu" or row.kind == "fact":
-            self.gpu_value(row, link, labels, v, raw)
+            self.gpu_value(sr, v, raw)
         elif row.target == "net_port":
-            self.port_value(row, labels, v)
+            self.port_value(sr, v)
         elif row.target == "edac":
-            self.edac_value(row, labels, v)
+            self.edac_value(sr, v)
         elif row.target == "host":
             n = count_of(v)
             if n is None:
@@ -354,8 +388,9 @@ class _Builder:
             else:
                 self.out.boot_id = f"btime:{n}"
 
-    def gpu_value(self, row: Row, link: int | None, labels: dict[str, str], v: float, raw: str) -> None:
-        g = self.gpu(labels)
+    def gpu_value(self, sr: Series, v: float, raw: str) -> None:
+        row, link, labels = sr.row, sr.link, sr.labels
+        g = self.gpu(sr.gpu, labels)
         if g is None:
             self.out.skipped += 1
             return
@@ -403,15 +438,14 @@ class _Builder:
             setattr(g, row.struct, sub)
         self.setf(sub, row.field, val, 0 if row.kind == "total" else 1)
 
-    def port_value(self, row: Row, labels: dict[str, str], v: float) -> None:
-        dev, port_s = labels.get("device", "")[:256], labels.get("port", "1")
-        if not dev or not port_s.isdigit() or int(port_s) > 1_000_000:
+    def port_value(self, sr: Series, v: float) -> None:
+        row, k = sr.row, sr.port
+        if k is None:
             self.out.skipped += 1
             return
-        k = (dev, int(port_s))
         p = self.ports.get(k)
         if p is None:
-            p = self.ports[k] = NetPort(device=dev, port=k[1])
+            p = self.ports[k] = NetPort(device=k[0], port=k[1])
         if row.kind in ("ib_state", "ib_phys_state"):
             n = count_of(v)
             names = IB_STATE if row.kind == "ib_state" else IB_PHYS
@@ -426,13 +460,12 @@ class _Builder:
         else:
             setattr(p, row.field, val)
 
-    def edac_value(self, row: Row, labels: dict[str, str], v: float) -> None:
-        mc_s = labels.get("controller", "")
+    def edac_value(self, sr: Series, v: float) -> None:
+        row, labels, mc = sr.row, sr.labels, sr.mc
         val = self.value(row, v)
-        if not mc_s.isdigit() or int(mc_s) > 1_000_000 or val is None:
+        if mc is None or val is None:
             self.out.skipped += 1
             return
-        mc = int(mc_s)
         m = self.mcs.get(mc)
         if m is None:
             m = self.mcs[mc] = EdacMc(mc=mc)
@@ -481,6 +514,16 @@ def build(readings: Iterable[tuple[str, dict[str, str], float, str]], table: Pro
     b = _Builder(table or load_map(), evidence)
     for name, labels, value, raw in readings:
         b.add(name, labels, value, raw)
+    return b.finish()
+
+
+def build_resolved(readings: Iterable[tuple[Series, float]], table: PromMap) -> Parts:
+    """:func:`build` for series already :func:`resolve`-d (the importer resolves a series once per
+    chunk, not once per point); no evidence facts."""
+    b = _Builder(table, False)
+    add = b.add_series
+    for sr, value in readings:
+        add(sr, value)
     return b.finish()
 
 
