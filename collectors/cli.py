@@ -37,7 +37,10 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--simulate", action="store_true", help="use the simulated NVML and a built-in simulated host tree")
     flag(p, "--once", action="store_true", help="take one sample, deliver it, exit")
-    flag(p, "--sink", default="stdout", help="kafka | kafka:HOST:PORT | stdout | jsonl:PATH")
+    flag(p, "--sink", default="stdout", help="kafka | kafka:HOST:PORT | stdout | jsonl:PATH (Kafka: with the "
+         "config's [kafka] bootstrap, client_id, compression and security (SASL/TLS) settings)")
+    flag(p, "--identity-key", metavar="FILE", help="this host's key (fleethealth identity-key HOST, hex, mode 600): "
+         "every Kafka record is signed with it, for detect --identity-secret")
     flag(p, "--topic", default="fleet.telemetry.v1", help="Kafka / JSONL topic for samples")
     flag(p, "--interval", type=float, default=10.0, help="seconds between polls")
     flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
@@ -72,8 +75,11 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     register_fleetsim(sub)  # simulate + replay (collectors/fleetsim)
 
 
-def _sink(spec: str, topic: str) -> Any:
+def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | None = None) -> Any:
     from collectors.sinks import JsonlSink, KafkaSink, StdoutSink
+
+    if identity_key and not (spec == "kafka" or spec.startswith("kafka:")):
+        raise UserError("--identity-key signs Kafka records (headers): use it with --sink kafka")
 
     if spec == "stdout":
         return StdoutSink()
@@ -82,10 +88,14 @@ def _sink(spec: str, topic: str) -> Any:
             raise UserError("--sink jsonl: needs a path, e.g. jsonl:out/telemetry.jsonl")
         return JsonlSink(spec[6:], topic)
     if spec == "kafka" or spec.startswith("kafka:"):
-        from fleethealth.config import kafka_settings
+        from fleethealth.config import kafka_settings, load_config
+        from fleethealth.identity import read_key_file
 
-        bootstrap = spec[6:] if spec.startswith("kafka:") else kafka_settings().bootstrap
-        return KafkaSink(bootstrap, topic)
+        ks = kafka_settings(load_config(config))
+        bootstrap = spec[6:] if spec.startswith("kafka:") else ks.bootstrap
+        key = read_key_file(identity_key, "--identity-key") if identity_key else None
+        return KafkaSink(bootstrap, topic, identity_key=key, security=ks.security, compression=ks.compression,
+                         client_id=f"{ks.client_id}-collector")
     raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
 
 
@@ -146,8 +156,8 @@ def run_collect(args: argparse.Namespace) -> int:
 
     scrapers = [PromScrapeSource(kind, url, timeout=args.scrape_timeout, state_dir=settings.state_dir)
                 for kind, url in specs]
-    collector = Collector(settings, sink=_sink(args.sink, args.topic), nvml=nvml, on_sample=metrics.update,
-                          sources=scrapers)
+    collector = Collector(settings, sink=_sink(args.sink, args.topic, getattr(args, "config", None), args.identity_key),
+                          nvml=nvml, on_sample=metrics.update, sources=scrapers)
     metrics.stats_fn = lambda: _stats(collector)
     server = start_exporter(metrics, 0 if args.once else args.exporter_port, args.exporter_address)
     stop = threading.Event()

@@ -38,22 +38,31 @@ class JsonlSink:
 
 
 class KafkaSink:
-    """Sends a batch, then waits for every ack; the count returned is the acked prefix."""
+    """Sends a batch, then waits for every ack; the count returned is the acked prefix.
 
-    def __init__(self, bootstrap: str, topic: str = TELEMETRY, *, ack_timeout: float = 20.0, **kw: Any) -> None:
+    ``security`` is the ``[kafka].security`` table (SASL/TLS, as every other client uses it);
+    ``identity_key`` (this host's key, ``fleethealth identity-key HOST``) signs each record in the
+    ``fh-sig`` header, so the detect worker can tell it came from this host (fleethealth.identity)."""
+
+    def __init__(self, bootstrap: str, topic: str = TELEMETRY, *, ack_timeout: float = 20.0,
+                 identity_key: bytes | None = None, client_id: str = "fleethealth-collector", **kw: Any) -> None:
         from fleethealth.kafka_bus import KafkaBus
 
-        self.bus = KafkaBus(bootstrap, client_id="fleethealth-collector", request_timeout_ms=10000,
-                            max_block_ms=5000, **kw)
+        self.bus = KafkaBus(bootstrap, client_id=client_id, request_timeout_ms=10000, max_block_ms=5000, **kw)
         self.topic = topic
         self.ack_timeout = ack_timeout
+        self.identity_key = identity_key
 
     def send_batch(self, records: list[tuple[str, bytes]]) -> int:
         from kafka.errors import KafkaError
 
+        from fleethealth.identity import HEADER, sign
+
+        key = self.identity_key
         try:
             producer = self.bus.producer
-            futures = [producer.send(self.topic, key=k.encode(), value=v) for k, v in records]
+            futures = [producer.send(self.topic, key=k.encode(), value=v,
+                                     headers=[(HEADER, sign(key, k, v))] if key else None) for k, v in records]
             producer.flush(self.ack_timeout)
         except KafkaError as exc:
             raise BusError(f"Kafka send to {self.topic} failed: {exc}") from exc

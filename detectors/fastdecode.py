@@ -44,7 +44,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
-from fleethealth.schema import MAX_MESSAGE_BYTES, GpuSample, Sample, decode_sample
+from fleethealth.salvage import has_long_digits
+from fleethealth.schema import MAX_MESSAGE_BYTES, U64_MAX, GpuSample, Sample, decode_sample
 
 # Sample fields decoded as Raw, whole (each a list, identical ~97% of the time).
 SAMPLE_RAW = ("net_ports", "aer", "edac")
@@ -181,6 +182,8 @@ class DecodeStats:
 def _decode_part(part: _Part, raw: Any, packed: bool) -> Any:
     if raw is UNSET:
         return _default(part.default)
+    if not packed and has_long_digits(raw):  # maybe an integer past 2**64-1: decode_sample removes it
+        raise _Fallback
     try:
         return (part.msgpack if packed else part.json).decode(raw)
     except (msgspec.MsgspecError, RecursionError):
@@ -213,6 +216,8 @@ class IncrementalDecoder:
             env = dec.decode(data)
             if enc.encode(env) != data:  # not canonical: duplicate keys are possible
                 raise _Fallback
+            if env.seq > U64_MAX:  # the envelope's other integers are bounded by the schema, but
+                raise _Fallback    # for clocks_event_reasons (checked per changed GPU below)
             return self._assemble(env, packed)
         except (msgspec.MsgspecError, RecursionError, _Fallback):
             self.stats.fallbacks += 1
@@ -243,6 +248,8 @@ class IncrementalDecoder:
                     hits += 1
                     ent.out = out = with_gauges(ent.out, g)
                 else:
+                    if (g.clocks_event_reasons or 0) > U64_MAX:
+                        raise _Fallback
                     raws = _gpu_raw(g)
                     objs = self._parts(_GPU_PARTS, raws, ent.raws if ent else None, ent.objs if ent else (), packed)
                     out = _gpu_new(g, objs)

@@ -40,6 +40,10 @@ class Record:
     key: str | None
     value: bytes
     ts: float | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()  # Kafka record headers (the collector's signature)
+
+
+Headers = tuple[tuple[str, bytes], ...]
 
 
 @runtime_checkable
@@ -54,7 +58,7 @@ class Consumer(Protocol):
 
 @runtime_checkable
 class Bus(Protocol):
-    def publish(self, topic: str, key: str | None, value: bytes) -> None: ...
+    def publish(self, topic: str, key: str | None, value: bytes, headers: Headers = ()) -> None: ...
 
     def flush(self, timeout: float | None = None) -> None: ...
 
@@ -112,12 +116,12 @@ class InProcessBus:
             t = self._topics[name] = _Topic([[] for _ in range(self._partitions)], [0] * self._partitions)
         return t
 
-    def publish(self, topic: str, key: str | None, value: bytes) -> None:
+    def publish(self, topic: str, key: str | None, value: bytes, headers: Headers = ()) -> None:
         with self._cv:
             t = self._topic(topic)
             p = partition_for(key, self._partitions)
             part = t.partitions[p]
-            part.append(Record(topic, p, t.base[p] + len(part), key, value))
+            part.append(Record(topic, p, t.base[p] + len(part), key, value, None, tuple(headers)))
             self._cv.notify_all()
 
     def _trim(self, tps: Iterable[tuple[str, int]]) -> None:
@@ -269,7 +273,8 @@ class JsonlBus:
         self._lock = threading.Lock()
         self._groups: dict[str, dict[str, int]] = {}
 
-    def publish(self, topic: str, key: str | None, value: bytes) -> None:
+    def publish(self, topic: str, key: str | None, value: bytes, headers: Headers = ()) -> None:
+        """Keys and headers are not kept: a JSONL file is the operator's own recording."""
         with self._lock:
             fh = self._files.get(topic)
             if fh is None:

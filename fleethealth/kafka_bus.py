@@ -90,13 +90,14 @@ class KafkaBus:
                 raise BusError(f"cannot connect to Kafka at {self.bootstrap}: {exc}") from exc
         return self._producer
 
-    def publish(self, topic: str, key: str | None, value: bytes) -> Any:
+    def publish(self, topic: str, key: str | None, value: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> Any:
         """Hand a message to the producer; returns its future (``.is_done``, ``.succeeded()``)."""
         from kafka.errors import KafkaError
 
         try:
             # the future tells the caller whether the broker acknowledged (flush alone does not)
-            return self.producer.send(topic, key=key.encode() if key else None, value=value)
+            return self.producer.send(topic, key=key.encode() if key else None, value=value,
+                                      headers=list(headers) or None)
         except KafkaError as exc:
             raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
 
@@ -255,7 +256,7 @@ class KafkaConsumerAdapter:
 def _record(tp: Any, m: Any) -> Record:
     key = m.key.decode(errors="replace") if m.key is not None else None
     ts = m.timestamp / 1000.0 if m.timestamp and m.timestamp > 0 else None
-    return Record(tp.topic, tp.partition, m.offset, key, m.value or b"", ts)
+    return Record(tp.topic, tp.partition, m.offset, key, m.value or b"", ts, tuple(m.headers or ()))
 
 
 def _drain(c: Any, left: set[Any], timeout: float, more: Any) -> Iterator[tuple[Any, Any]]:

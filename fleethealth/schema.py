@@ -22,7 +22,13 @@ MAX_GPUS: Final = 64
 MAX_PORTS: Final = 64
 MAX_EVENTS: Final = 4096
 
-U64 = Annotated[int, Meta(ge=0)]  # msgspec reads JSON ints up to 2**64-1
+# msgspec cannot bound an int past int64 (its ``le`` must fit one), so a JSON integer past 2**64-1
+# (thousands of digits are legal JSON) is caught by :func:`decode_sample`'s digit-run check instead;
+# msgpack cannot carry one at all.
+U64 = Annotated[int, Meta(ge=0)]
+U64_MAX: Final = (1 << 64) - 1
+PID_MAX: Final = 1 << 22  # Linux PID_MAX_LIMIT: no process id is larger
+Pid = Annotated[int, Meta(ge=0, le=PID_MAX)]
 Count = U64 | None
 Small = Annotated[int, Meta(ge=0, le=1_000_000)]
 Name = Annotated[str, Meta(max_length=256)]
@@ -90,7 +96,7 @@ class NvlinkCounters(_Base, kw_only=True):
 class XidEvent(_Base, kw_only=True):
     xid: Small
     ts: Ts
-    pid: int | None = None
+    pid: Pid | None = None
     message: Text = ""
 
 
@@ -165,7 +171,7 @@ class KernelEvent(_Base, kw_only=True):
     pci_addr: Name | None = None
     xid: Small | None = None
     severity: Name | None = None  # e.g. "corrected", "uncorrected", "fatal", "non-fatal"
-    pid: int | None = None  # NVRM Xid lines: the process the driver named, when known
+    pid: Pid | None = None  # NVRM Xid lines: the process the driver named, when known
     message: Text = ""  # the message after the Xid / device prefix (``line`` keeps the raw text)
 
 
@@ -275,11 +281,12 @@ class DeadLetter(_Base, kw_only=True):
 class ContractError(ValueError):
     """A message that breaks the contract. ``field`` is a JSON path like ``$.gpus[0].ecc``."""
 
-    def __init__(self, kind: str, reason: str, field: str = "$") -> None:
+    def __init__(self, kind: str, reason: str, field: str = "$", *, invalid_value: bool = False) -> None:
         super().__init__(f"{kind}: {reason}" + (f" (at {field})" if field else ""))
         self.kind = kind
         self.reason = reason
         self.field = field
+        self.invalid_value = invalid_value  # a value broke its type or range (the rest parsed)
 
 
 _AT = re.compile(r" - at `([^`]*)`$")
@@ -319,7 +326,8 @@ class _Codec:
             self._raise_version(data, packed)
             msg = str(exc)
             m = _AT.search(msg)
-            raise ContractError(self.kind, msg[: m.start()] if m else msg, m.group(1) if m else "$") from None
+            raise ContractError(self.kind, msg[: m.start()] if m else msg, m.group(1) if m else "$",
+                                invalid_value=True) from None
         except msgspec.DecodeError as exc:
             raise ContractError(self.kind, f"not valid {'msgpack' if packed else 'JSON'}: {exc}") from None
         except RecursionError:
@@ -353,7 +361,23 @@ def encode_packed(msg: _Base) -> bytes:
 
 
 def decode_sample(data: bytes | str) -> Sample:
-    return SAMPLE.decode(data)  # type: ignore[no-any-return]
+    """A telemetry sample, strictly. A value out of its type or range (an integer past 2**64-1, a
+    NaN gauge, a pid past PID_MAX, a negative counter) costs that field, not the sample: see
+    :mod:`fleethealth.salvage`; what was removed is named in ``source_errors`` (source
+    ``contract``). Anything else that breaks the contract raises :class:`ContractError`."""
+    from fleethealth.salvage import has_long_digits, salvage
+
+    if isinstance(data, str):
+        data = data.encode()
+    try:
+        s: Sample = SAMPLE.decode(data)
+    except ContractError as exc:
+        if not exc.invalid_value:
+            raise
+        return salvage(data, exc)
+    if not (0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)) and has_long_digits(data):  # JSON only
+        return salvage(data, None)
+    return s
 
 
 def decode_incident(data: bytes | str) -> Incident:
