@@ -61,7 +61,53 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--rebuild-window", type=float, default=7200.0, metavar="SECONDS",
          help="on a partition assignment, rebuild its hosts' state from this much stream before the "
               "committed offset (silently: episodes keep their ids)")
+    flag(p, "--max-clock-skew", type=float, default=300.0, metavar="SECONDS",
+         help="a sample stamped more than this ahead of receive time is counted (fleethealth_detect_clock_skew"
+              "_total{direction=ahead}) and its time corrected to the receive time (0 = off)")
+    flag(p, "--max-lateness", type=float, default=3600.0, metavar="SECONDS",
+         help="a sample stamped more than this behind receive time is counted (direction=behind), not changed: "
+              "a spool resend after an outage is legitimately old (0 = off)")
+    flag(p, "--host-allowlist", metavar="FILE",
+         help="the hosts telemetry may come from, one per line (# comments), e.g. from `sinfo -N -h -o %%N`; "
+              "a sample for any other host is dead-lettered and keeps no state")
+    flag(p, "--max-hosts", type=int, default=25_000, metavar="N",
+         help="hosts this worker keeps state for; a new host past it evicts the least recently heard host if "
+              "that one is silent past its staleness limit, else it is dead-lettered (about 85 KiB a host)")
+    flag(p, "--identity-secret", metavar="FILE",
+         help="the operator secret (hex, mode 600): every record must carry the fh-sig signature of the host "
+              "its key names (collect --identity-key; keys from fleethealth identity-key HOST)")
     p.set_defaults(func=cmd_detect)
+    k = sub.add_parser("identity-key", help="print a host's telemetry signing key (from the operator secret)",
+                       description="Derive HOST's key from the operator secret (HMAC-SHA256; fleethealth.identity) "
+                                   "and print it as hex: install it on HOST as the file collect --identity-key "
+                                   "reads (mode 600). detect --identity-secret holds only the secret.")
+    k.add_argument("host", metavar="HOST")
+    flag(k, "--secret-file", required=False, metavar="FILE", env="FLEETHEALTH_IDENTITY_SECRET",
+         help="the operator secret (at least 16 bytes; hex or raw)")
+    k.set_defaults(func=cmd_identity_key)
+
+
+def read_allowlist(path: str) -> frozenset[str]:
+    from fleethealth.errors import UserError
+
+    try:
+        text = open(path, encoding="utf-8").read()  # noqa: SIM115
+    except OSError as exc:
+        raise UserError(f"--host-allowlist {path}: {exc.strerror or exc}") from None
+    hosts = frozenset(h for line in text.splitlines() if (h := line.split("#", 1)[0].strip()))
+    if not hosts:
+        raise UserError(f"--host-allowlist {path}: no host names in it (one per line)")
+    return hosts
+
+
+def cmd_identity_key(args: argparse.Namespace) -> int:
+    from fleethealth.errors import UserError
+    from fleethealth.identity import host_key, read_key_file
+
+    if not args.secret_file:
+        raise UserError("identity-key needs --secret-file FILE (or FLEETHEALTH_IDENTITY_SECRET)")
+    print(host_key(read_key_file(args.secret_file, "secret"), args.host).hex())
+    return 0
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
@@ -95,9 +141,18 @@ def cmd_detect(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port, args.metrics_addr)
     # a live broker going quiet means hosts went quiet: stream time keeps moving with the monotonic
     # clock; a file or in-memory bus ending is just the end of a recording
+    from fleethealth.errors import UserError
+    from fleethealth.identity import Verifier, read_key_file
+
+    if args.max_hosts < 1 or args.max_clock_skew < 0 or args.max_lateness < 0:
+        raise UserError("--max-hosts must be at least 1; --max-clock-skew and --max-lateness not negative")
+    verifier = Verifier(read_key_file(args.identity_secret, "--identity-secret")) if args.identity_secret else None
+    allow = read_allowlist(args.host_allowlist) if args.host_allowlist else None
     worker = DetectWorker(bus, engine, group=args.group, topic=args.topic, incidents_topic=args.incidents_topic,
                           deadletter_topic=args.deadletter_topic, metrics=metrics,
-                          idle_tick=args.bus.startswith("kafka"), rebuild_window_s=args.rebuild_window)
+                          idle_tick=args.bus.startswith("kafka"), rebuild_window_s=args.rebuild_window,
+                          max_clock_skew=args.max_clock_skew, max_lateness=args.max_lateness, host_allowlist=allow,
+                          max_hosts=args.max_hosts, verifier=verifier)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     log.info("detect: %d rules, %d extra detectors, group %s on %s topic %s", len(rules.specs), len(extra), args.group,
              args.bus, args.topic)
@@ -108,6 +163,8 @@ def cmd_detect(args: argparse.Namespace) -> int:
     finally:
         worker.close()
         bus.close()
-    log.info("detect: %d samples, %d incidents, %d dead letters", stats.samples, stats.incidents, stats.dead_letters)
+    log.info("detect: %d samples, %d incidents, %d dead letters; clock skew: %d ahead (corrected), %d behind; "
+             "%d hosts evicted", stats.samples, stats.incidents, stats.dead_letters, stats.clock_ahead,
+             stats.clock_behind, stats.hosts_evicted)
     print(f"{stats.samples} samples, {stats.incidents} incidents, {stats.dead_letters} dead letters")
     return 0

@@ -39,6 +39,7 @@ from fleethealth.taxonomy import FAULT_LABELS, MODES, parse_mode
 
 log = logging.getLogger(__name__)
 UNREACHABLE = "host_unreachable"
+_UNREACHABLE = frozenset({UNREACHABLE})
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -115,14 +116,19 @@ class DetectorEngine:
         st = self.hosts.get(sample.host)
         if st is None:
             st = self.hosts[sample.host] = HostState(sample.host, sample.cluster, sample.rack)
+        restarts = st.seq_restarts
         skip = Admission.admit(st, sample.seq, sample.ts, sample.boot_id, sample.driver_version)
         if skip:
             self.stats[skip] += 1
             return out
+        if st.seq_restarts != restarts:
+            self.stats[Admission.SEQ_RESTART] += 1
         if live:
             self.stats["samples"] += 1
         ts = sample.ts
-        if self.episodes.has_open(sample.host, "host", frozenset({UNREACHABLE})):
+        # only a current sample ends an unreachable episode: one stamped older than the staleness
+        # limit before the last tick (a spool resend, a host clock far behind) says nothing of now
+        if self.episodes.has_open(sample.host, "host", _UNREACHABLE) and ts > self._last_tick - self.stale_limit(st):
             out.extend(self.episodes.clear(sample.host, ts, "telemetry resumed", "host"))
         if st.epoch_changed:
             out.extend(self.episodes.clear(sample.host, ts, "reboot or driver reload cleared it"))
@@ -223,9 +229,9 @@ class DetectorEngine:
             assert spec is not None
             for host in sorted(self.hosts):
                 st = self.hosts[host]
-                limit = max(self.stale_intervals * (st.interval_s or 0.0), self.stale_min_s)
+                limit = self.stale_limit(st)
                 age = now_ts - st.last_ts
-                if st.samples and age > limit and not self.episodes.has_open(host, "host", frozenset({UNREACHABLE})):
+                if st.samples and age > limit and not self.episodes.has_open(host, "host", _UNREACHABLE):
                     fact = spec.evidence.format_map(_Facts(age_s=round(age), count=round(age / st.interval_s)
                                                            if st.interval_s else "?", host=host))
                     since = st.last_ts + limit
@@ -239,6 +245,10 @@ class DetectorEngine:
             if st is not None and st.samples:
                 out.extend(self.episodes.expire(host, st.last_ts))
         return out
+
+    def stale_limit(self, st: HostState) -> float:
+        """How long a host may be silent before it is unreachable (the staleness rule's limit)."""
+        return max(self.stale_intervals * (st.interval_s or 0.0), self.stale_min_s)
 
     def reset(self) -> None:
         self.hosts.clear()

@@ -11,6 +11,11 @@ fleethealth_detect_batch_seconds                      histogram: poll-to-commit 
 fleethealth_detect_publish_retries_total              publish+flush attempts that the bus did not acknowledge
 fleethealth_detect_rebuilt_samples_total              samples re-fed silently to rebuild state after an assignment
 fleethealth_detect_rebuilds_total                     partitions whose host state was rebuilt from the stream
+fleethealth_detect_clock_skew_total{direction}        samples stamped past --max-clock-skew ahead of receive
+                                                      time (corrected to it) or --max-lateness behind (counted)
+fleethealth_detect_seq_restarts_total                 a host's seq went back with newer time (its count restarted)
+fleethealth_detect_hosts                              hosts this worker keeps state for (bounded by --max-hosts)
+fleethealth_detect_hosts_evicted_total                silent hosts dropped to make room under --max-hosts
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ class DetectMetrics:
                                         registry=r)
         self.rebuilds = PCounter("fleethealth_detect_rebuilds", "partitions whose host state was rebuilt",
                                  registry=r)
+        self.clock_skew = PCounter("fleethealth_detect_clock_skew",
+                                   "samples stamped far from receive time (ahead: corrected; behind: counted)",
+                                   ["direction"], registry=r)
+        self.seq_restarts = PCounter("fleethealth_detect_seq_restarts",
+                                     "a host's seq went back with newer time (its count restarted)", registry=r)
+        self.hosts_evicted = PCounter("fleethealth_detect_hosts_evicted",
+                                      "silent hosts dropped to make room under --max-hosts", registry=r)
+        self._restarts_seen = 0
         self._engine: Any = None
         self._consumer: Any = None
         self._lag: dict[int, int] = {}
@@ -70,6 +83,10 @@ class DetectMetrics:
             if new > 0:
                 self.dropped.labels(reason).inc(new)
                 self._dropped_seen[reason] += new
+        restarts = engine.stats.get("seq_restart", 0)
+        if restarts > self._restarts_seen:
+            self.seq_restarts.inc(restarts - self._restarts_seen)
+            self._restarts_seen = restarts
         if time.monotonic() - self._lag_at > 10:
             self._lag_at = time.monotonic()
             self._lag = consumer_lag(consumer)
@@ -105,6 +122,8 @@ class _Live:
                                    labels=["failure_mode"])
         lag = GaugeMetricFamily("fleethealth_detect_consumer_lag", "messages behind the end of the partition",
                                 labels=["partition"])
+        hosts = GaugeMetricFamily("fleethealth_detect_hosts", "hosts this worker keeps state for",
+                                  value=len(eng.hosts) if eng is not None else 0)
         if eng is not None:
             for host, st in sorted(eng.hosts.items()):
                 age.add_metric([host], max(0.0, eng.fleet_ts - st.last_ts))
@@ -113,6 +132,7 @@ class _Live:
                 opened.add_metric([mode], n)
         for p, n in sorted(self.m._lag.items()):
             lag.add_metric([str(p)], n)
+        yield hosts
         yield age
         yield opened
         yield lag

@@ -122,6 +122,7 @@ class HostState:
     duplicates: int = 0
     out_of_order: int = 0
     resets: int = 0
+    seq_restarts: int = 0
     # (scope, component) -> that component's rule memory (a list of slots, see detectors.ruleset)
     slots: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     pos: list[list[Any]] = field(default_factory=list)  # per scope: component memory by position
@@ -138,22 +139,28 @@ class HostState:
 
 
 class Admission:
-    """Order guard: drop duplicates and out-of-order samples (by seq), note epoch changes."""
+    """Order guard, reading a sequence number with the boot id and time: drop a redelivered sample
+    (same or older seq, not newer in time), note epoch changes, and take a seq that went back with
+    newer time as the collector restarting its count (a lost or torn state file, a jump to 2**64-1
+    and back, a reinstall): counted in ``seq_restarts``, never a reason to drop what follows."""
 
     DROP_DUPLICATE = "duplicate"
     DROP_STALE = "out_of_order"
+    SEQ_RESTART = "seq_restart"
 
     @staticmethod
     def admit(st: HostState, seq: int, ts: float, boot_id: str, driver: str) -> str:
         """Return "" to process the sample, or the reason to skip it (and count it)."""
         new_epoch = bool(st.samples) and ((boot_id and boot_id != st.boot_id) or (driver and driver != st.driver))
-        if not new_epoch and st.samples:
-            if seq == st.last_seq:
-                st.duplicates += 1
-                return Admission.DROP_DUPLICATE
-            if seq < st.last_seq:
+        if not new_epoch and st.samples and seq <= st.last_seq:
+            if ts <= st.last_ts:  # not newer than what this host already said: a redelivery
+                if seq == st.last_seq:
+                    st.duplicates += 1
+                    return Admission.DROP_DUPLICATE
                 st.out_of_order += 1
                 return Admission.DROP_STALE
+            st.seq_restarts += 1  # newer time, seq not past the last: the count restarted
+            st.note(f"seq restart at ts={ts:.0f}: {st.last_seq} -> {seq} on the same boot")
         if st.samples and ts > st.last_ts:
             gap = ts - st.last_ts
             st.interval_s = gap if st.interval_s == 0 else 0.8 * st.interval_s + 0.2 * min(gap, 10 * st.interval_s)

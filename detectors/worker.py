@@ -37,7 +37,9 @@ from typing import Any
 from detectors.engine import DetectorEngine
 from detectors.fastdecode import IncrementalDecoder
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, Bus, BusError, Record
-from fleethealth.schema import ContractError, DeadLetter, Incident, encode
+from fleethealth.identity import Verifier
+from fleethealth.salvage import removed_fields
+from fleethealth.schema import ContractError, DeadLetter, Incident, Sample, encode
 
 log = logging.getLogger(__name__)
 TP = tuple[str, int]
@@ -66,6 +68,10 @@ class WorkerStats:
     commit_failures: int = 0
     rebuilds: int = 0
     rebuilt_samples: int = 0
+    clock_ahead: int = 0  # samples stamped past --max-clock-skew ahead of receive time (corrected)
+    clock_behind: int = 0  # samples stamped past --max-lateness behind receive time (counted only)
+    fields_rejected: int = 0  # samples that lost fields to field-level rejection (processed)
+    hosts_evicted: int = 0  # silent hosts whose state made room under --max-hosts
     last_batch_s: float = 0.0
     by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -109,7 +115,10 @@ class DetectWorker:
                  max_records: int = 2000, poll_timeout: float = 0.5, metrics: Any = None,
                  clock: Callable[[], float] = time.time, idle_tick: bool = True, retry_s: float = 0.5,
                  max_retry_s: float = 30.0, sleep: Callable[[float], None] = time.sleep,
-                 rebuild_window_s: float = 7200.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 rebuild_window_s: float = 7200.0, monotonic: Callable[[], float] = time.monotonic,
+                 max_clock_skew: float = 300.0, max_lateness: float = 3600.0,
+                 host_allowlist: frozenset[str] | None = None, max_hosts: int = 25_000,
+                 verifier: Verifier | None = None) -> None:
         self.bus = bus
         self.engine = engine or DetectorEngine()
         self.engine.auto_tick = False  # staleness runs on this worker's clock (see staleness_clock)
@@ -127,13 +136,18 @@ class DetectWorker:
         self.max_retry_s = max_retry_s
         self.sleep = sleep
         self.rebuild_window_s = rebuild_window_s
+        self.max_clock_skew = max_clock_skew
+        self.max_lateness = max_lateness
+        self.host_allowlist = host_allowlist
+        self.max_hosts = max_hosts
+        self.verifier = verifier
         self.stats = WorkerStats()
         # per-host reuse of unchanged sub-objects; same values and errors as decode_sample (one per worker)
-        self._decoder = IncrementalDecoder()
+        self._decoder = IncrementalDecoder(max_hosts=max_hosts)
         self.consumer = bus.consumer([topic], group)
         self.pending: list[Outgoing] = []
         self._stop = False
-        self._host_tp: dict[str, TP] = {}
+        self._host_tp: dict[str, TP] = {}  # host -> its partition, least recently fed first
         self._next: dict[TP, int] = {}  # partition -> offset after the last record fed (live or replayed)
         self._hw_ts: dict[TP, float] = {}  # partition -> largest sample ts fed (live or replayed)
         self._last_ts = 0.0  # largest sample ts fed live
@@ -159,16 +173,12 @@ class DetectWorker:
         fed = 0
         for rec in records:
             self._next[(rec.topic, rec.partition)] = rec.offset + 1
-            try:
-                sample = self._decoder.decode(rec.value)
-            except ContractError as exc:
-                self._dead(rec, str(exc), exc.kind, now)
-                continue
-            if rec.key is not None and rec.key != sample.host:
-                self._dead(rec, f"message key {rec.key!r} does not match host {sample.host!r}", "key", now)
+            sample = self._admit(rec, now)
+            if sample is None:
                 continue
             tp = (rec.topic, rec.partition)
-            self._host_tp[sample.host] = tp
+            self._host_tp.pop(sample.host, None)
+            self._host_tp[sample.host] = tp  # re-inserted last: least recently fed first
             if sample.ts > self._hw_ts.get(tp, 0.0):
                 self._hw_ts[tp] = sample.ts
             if sample.ts > self._last_ts:
@@ -200,11 +210,101 @@ class DetectWorker:
             self.metrics.batch(len(records), self.stats.last_batch_s, self.engine, self.consumer)
         return len(records)
 
+    # ------------------------------------------------------------------ the trust boundary
+
+    def _admit(self, rec: Record, now: float) -> Sample | None:
+        """Decode one record and decide whether its sample may be fed (None: dead-lettered).
+
+        In order, cheapest first and before any per-host state exists: the signature (with
+        ``verifier``: the record key names the host whose key signed it), the allowlist on the key,
+        the contract (a bad field costs that field), key == host, the allowlist on the host, room
+        under ``max_hosts``; then the sample's time is held to the receive time ``now``."""
+        if self.verifier is not None:
+            why = self.verifier.check(rec.key, rec.value, rec.headers)
+            if why:
+                self._dead(rec, why, "identity", now)
+                return None
+        allow = self.host_allowlist
+        if allow is not None and rec.key is not None and rec.key not in allow:
+            self._dead(rec, f"unknown host {rec.key[:256]!r}: not in the host allowlist; no state kept", "unknown_host",
+                       now)
+            return None
+        try:
+            sample = self._decoder.decode(rec.value)
+        except ContractError as exc:
+            self._dead(rec, str(exc), exc.kind, now)
+            return None
+        host = sample.host
+        if rec.key is not None and rec.key != host:
+            self._dead(rec, f"message key {rec.key!r} does not match host {host!r}", "key", now)
+            self._forget_unfed(host)
+            return None
+        if allow is not None and host not in allow:
+            self._dead(rec, f"unknown host {host!r}: not in the host allowlist; no state kept", "unknown_host", now)
+            self._forget_unfed(host)
+            return None
+        if host not in self.engine.hosts and len(self.engine.hosts) >= self.max_hosts and not self._evict_one():
+            self._dead(rec, f"host {host!r} refused: {self.max_hosts} hosts hold state (--max-hosts) and none of "
+                            "them is silent", "host_limit", now)
+            self._forget_unfed(host)
+            return None
+        if sample.source_errors and (gone := removed_fields(sample)):
+            self.stats.fields_rejected += 1
+            self._dead(rec, f"{len(gone)} field(s) removed, the rest of the sample was processed: " + "; ".join(gone),
+                       "field", now)
+        ahead = sample.ts - now
+        if self.max_clock_skew > 0 and ahead > self.max_clock_skew:
+            # a host's clock (or a forger) must not move the fleet's: held to the receive time
+            self.stats.clock_ahead += 1
+            if self.metrics is not None:
+                self.metrics.clock_skew.labels("ahead").inc()
+            log.warning("sample from %s stamped %.0f s ahead of receive time: corrected to it", host, ahead)
+            sample.ts = now
+        elif self.idle_tick and self.max_lateness > 0 and -ahead > self.max_lateness:
+            self.stats.clock_behind += 1  # a spool resend is legitimately old: counted, not changed
+            if self.metrics is not None:
+                self.metrics.clock_skew.labels("behind").inc()
+        return sample
+
+    def _forget_unfed(self, host: str) -> None:
+        """A rejected sample's host keeps no decoder state unless it already had fed samples."""
+        if host not in self.engine.hosts:
+            self._decoder.forget(host)
+
+    def _evict_one(self) -> bool:
+        """Make room for a new host: drop the least recently fed host if it has been silent past its
+        staleness limit at the fleet clock (its state, decoder cache, episodes). False: none is."""
+        now = self._fleet_now()
+        for host in self._host_tp:  # least recently fed first
+            st = self.engine.hosts.get(host)
+            if st is None:
+                continue
+            if now - st.last_ts <= self.engine.stale_limit(st):
+                return False  # the least recently fed host is live: so are all the others
+            self.forget_host(host)
+            self.stats.hosts_evicted += 1
+            if self.metrics is not None:
+                self.metrics.hosts_evicted.inc()
+            log.info("host %s evicted (silent %.0f s) to make room under --max-hosts %d", host, now - st.last_ts,
+                     self.max_hosts)
+            return True
+        return False
+
+    def forget_host(self, host: str) -> None:
+        self.engine.forget_host(host)
+        self._decoder.forget(host)
+        self._host_tp.pop(host, None)
+
     def stream_now(self) -> float:
         """The largest sample ts fed, plus (live) the time elapsed since samples last arrived."""
         if not self._last_ts:
             return 0.0
         return self._last_ts + (max(0.0, self.monotonic() - self._last_mono) if self.idle_tick else 0.0)
+
+    def _fleet_now(self) -> float:
+        """The time staleness is judged at: the stream clock, held back for lagging partitions, and
+        never ahead of this worker's own clock (one host's claim cannot age the others)."""
+        return min(staleness_clock(self.stream_now(), self._hw_ts, self._lag()), self.clock())
 
     def _lag(self) -> dict[TP, int]:
         """Records each fed partition still holds beyond what was fed (Kafka: the consumer's last
@@ -229,7 +329,7 @@ class DetectWorker:
         """Run staleness every ``engine.tick_every_s`` of :func:`staleness_clock` time."""
         if not self._last_ts:
             return
-        now = staleness_clock(self.stream_now(), self._hw_ts, self._lag())
+        now = self._fleet_now()
         if now - self._last_tick >= self.engine.tick_every_s:
             self._last_tick = now
             self._queue(self.engine.tick(now))
@@ -315,9 +415,7 @@ class DetectWorker:
         if gone:
             dropped = [h for h, tp in self._host_tp.items() if tp in gone]
             for host in dropped:
-                self.engine.forget_host(host)
-                self._decoder.forget(host)
-                del self._host_tp[host]
+                self.forget_host(host)
             for tp in gone:
                 self._next.pop(tp, None)
                 self._hw_ts.pop(tp, None)
@@ -333,6 +431,7 @@ class DetectWorker:
     def _rebuild(self, ends: dict[TP, int]) -> None:
         t0 = time.perf_counter()
         n = 0
+        wall = self.clock()
         for rec in self.consumer.history(ends, self.rebuild_window_s):
             try:
                 sample = self._decoder.decode(rec.value)
@@ -340,7 +439,16 @@ class DetectWorker:
                 continue  # dead-lettered by the worker that read it live
             if rec.key is not None and rec.key != sample.host:
                 continue
+            if self.host_allowlist is not None and sample.host not in self.host_allowlist:
+                continue
+            if self.verifier is not None and self.verifier.check(rec.key, rec.value, rec.headers):
+                continue
+            if sample.host not in self.engine.hosts and len(self.engine.hosts) >= self.max_hosts:
+                continue
+            if self.max_clock_skew > 0 and sample.ts - wall > self.max_clock_skew:
+                sample.ts = min(rec.ts or wall, wall)  # held as live (broker time, when it has one)
             tp = (rec.topic, rec.partition)
+            self._host_tp.pop(sample.host, None)
             self._host_tp[sample.host] = tp
             self._hw_ts[tp] = max(self._hw_ts.get(tp, 0.0), sample.ts)
             try:

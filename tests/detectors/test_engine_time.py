@@ -144,7 +144,12 @@ def test_live_fleet_gone_silent_becomes_unreachable_on_stream_time():
     incs = [decode_incident(r.value) for r in bus.records(INCIDENTS)]
     assert [(i.host, i.failure_mode, i.state) for i in incs] == [("silent-1", "host_unreachable", "open")]
     assert incs[0].first_seen == hs.ts + 2700
-    bus.publish(TELEMETRY, hs.base.host, encode(hs.advance()))  # it comes back
+    bus.publish(TELEMETRY, hs.base.host, encode(hs.advance()))  # a late one (a spool resend): still silent now
+    w.run_once()
+    incs = [decode_incident(r.value) for r in bus.records(INCIDENTS)]
+    assert [(i.failure_mode, i.state) for i in incs][-1] == ("host_unreachable", "open")
+    hs.seq += 280  # it comes back, stamped at the stream's now
+    bus.publish(TELEMETRY, hs.base.host, encode(hs.advance()))
     w.run_once()
     incs = [decode_incident(r.value) for r in bus.records(INCIDENTS)]
     assert [(i.failure_mode, i.state) for i in incs][-1] == ("host_unreachable", "resolved")

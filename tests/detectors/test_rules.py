@@ -260,3 +260,20 @@ def test_snapshot_evaluation_counts_from_zero_for_diagnose():
     modes = {(f.failure_mode, f.detector) for f in evaluate_snapshot(s)}
     assert ("gpu_sram_uce", "gpu.sram-uce.counter") in modes
     assert evaluate_snapshot(HostSeries().advance()) == []
+
+
+def test_a_late_sample_does_not_end_an_unreachable_episode_a_current_one_does(rules):
+    """A spool resend (or a host clock far behind) is stamped before the staleness limit of the
+    last tick: it says nothing of now. The current sample after it ends the episode."""
+    engine = DetectorEngine(rules)
+    a, b = HostSeries("a"), HostSeries("b")
+    for _ in range(3):
+        engine.feed(a.advance()), engine.feed(b.advance())
+    for _ in range(400):
+        engine.feed(a.advance())
+    assert engine.episodes.has_open("b", "host", frozenset({"host_unreachable"}))
+    old = b.advance()  # stamped 30 s after b's last sample: thousands of seconds before the fleet's now
+    assert [i for i in engine.feed(old) if i.failure_mode == "host_unreachable"] == []
+    b.seq = a.seq - 1
+    out = engine.feed(b.advance())
+    assert [(i.failure_mode, i.state) for i in out] == [("host_unreachable", "resolved")]

@@ -93,3 +93,18 @@ def test_fleet_baseline_percentile_counts_quiet_components_as_zero():
         b.set("h", f"g{i}", 10.0)
     assert b.percentile(50, 0.0, population=100) == 0.0
     assert b.percentile(99, 1.0, population=5) == 10.0
+
+
+def test_a_seq_that_restarts_with_newer_time_is_counted_and_kept():
+    """A lost collector state file (seq from 0 on the same boot), a jump to 2**64-1 and back: the
+    samples after it are newer in time, so they are a restarted count, never dropped."""
+    st = HostState("h")
+    assert Admission.admit(st, 40, 100.0, "b1", "550") == ""
+    assert Admission.admit(st, 0, 110.0, "b1", "550") == ""  # state file lost: seq from 0
+    assert Admission.admit(st, 2**64 - 1, 120.0, "b1", "550") == ""
+    assert Admission.admit(st, 3, 130.0, "b1", "550") == ""  # back from 2**64-1
+    assert Admission.admit(st, 4, 140.0, "b1", "550") == ""
+    assert (st.seq_restarts, st.samples, st.last_seq) == (2, 5, 4)
+    # a redelivered old sample is still dropped: not newer than what the host already said
+    assert Admission.admit(st, 3, 130.0, "b1", "550") == "out_of_order"
+    assert Admission.admit(st, 4, 140.0, "b1", "550") == "duplicate"

@@ -1,11 +1,12 @@
 """Shared pieces of the fault drills: a live-timed recording, the in-process reference run, the
 real ``fleethealth detect`` / ``fleethealth remediate`` processes, and reading a topic back.
 
-Recordings are made with the simulator library with ``start_ts`` a quarter of an hour ahead of the
-wall clock (the CLI's start is fixed in 2025). That once kept the detect worker's wall-clock idle
-tick from ageing hosts; the worker now ages them on stream time (last sample ts + elapsed time since
-samples last arrived) and resolves episodes on each host's own sample time, so the lead is no
-longer needed, only harmless.
+Recordings are made with the simulator library and end two minutes before the wall clock (the
+CLI's start is fixed in 2025): published as fast as the broker takes them, their samples are old,
+never ahead of the detect worker's receive time, which corrects a sample stamped past
+``--max-clock-skew`` ahead (a 40-minute recording that started now would run 40 minutes into the
+future). The worker ages hosts on stream time (last sample ts + elapsed time since samples last
+arrived) and resolves episodes on each host's own sample time, so an old recording behaves as live.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def recording(tmp: Path, *, hosts: int, duration_s: float, interval_s: float = 30.0, seed: int = 7,
-              fault_rate: float = 1.0, min_per_mode: int = 0, name: str = "fleet", lead_s: float = 900.0) -> Path:
+              fault_rate: float = 1.0, min_per_mode: int = 0, name: str = "fleet", lead_s: float | None = None) -> Path:
+    """``lead_s``: start this far from now (default: end two minutes before now)."""
     out = tmp / f"{name}.jsonl"
+    start = time.time() + (lead_s if lead_s is not None else -(duration_s + 120.0))
     spec = RunSpec(hosts=hosts, duration_s=duration_s, interval_s=interval_s, seed=seed, fault_rate=fault_rate,
-                   min_per_mode=min_per_mode, start_ts=float(int(time.time() + lead_s)))
+                   min_per_mode=min_per_mode, start_ts=float(int(start)))
     simulate(spec, out)
     return out
 
