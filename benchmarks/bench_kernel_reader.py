@@ -39,6 +39,38 @@ def _read(lines: list[str]) -> Callable[[], list[KernelEvent]]:
     return run
 
 
+_SHAPES = ["1 " + "error: a error" * 585, "| " + "a |" * 2730, "GPU 0: " + "(UUID: " * 1170, "x" * 8192,
+           "\t" * 8192, "0000:00:01.0: " * 585, "   GUID 0x1 port 1:" + " [a == 1]" * 910,
+           'DCGM_FI_DEV_X{' + 'a="b",' * 1365 + '} 1', "EDAC MC0: " + "1 CE " * 1638, "[ 1.0] " * 1170,
+           "/sys/bus/pci/devices/" + "a/" * 4096, "#Entity " + "A " * 4096]
+
+
+def _parsers_worst() -> tuple[float, str, float]:
+    """(worst ms of one parser on 24 hostile 8 KiB lines, which, worst ms of format sniffing)."""
+    from collectors.parsers import PARSERS, ParseError, detect_format
+
+    worst, which, sniff = 0.0, "", 0.0
+    for shape in _SHAPES:
+        text = (shape + "\n") * 24
+        for fmt, fn in PARSERS.items():
+            def run(fn=fn, text=text) -> None:
+                try:
+                    fn(text)
+                except ParseError:
+                    pass
+            t = best_cpu(run, repeat=1)
+            if t > worst:
+                worst, which = t, fmt
+
+        def sniff_run(text=text) -> None:
+            try:
+                detect_format(text)
+            except ParseError:
+                pass
+        sniff = max(sniff, best_cpu(sniff_run, repeat=1))
+    return worst * 1e3, which, sniff * 1e3
+
+
 def rows(n: int = 20_000) -> list[Row]:
     lines = (_ORDINARY * (n // len(_ORDINARY) + 1))[:n]
     t = best_cpu(_read(lines))
@@ -55,9 +87,15 @@ def rows(n: int = 20_000) -> list[Row]:
         if rules is not None:
             evs = _read([line])()
             s = Sample(host="h", ts=1.7e9, seq=1, collector_version="bench", kernel_events=evs)
-            t_rules = best_cpu(lambda s=s: rules.evaluate_snapshot(s))  # type: ignore[union-attr]
+            def snap(s: Sample = s, rs: RuleSet = rules) -> None:
+                rs.evaluate_snapshot(s)
+            t_rules = best_cpu(snap)
             out.append(Row("kernel reader", f"  ... + every rule in snapshot mode ({len(evs)} events)",
                            (t_read + t_rules) * 1e3, "ms", "the shipped rule set"))
+    worst, which, sniff = _parsers_worst()
+    out.append(Row("parsers", "worst parser, 24 hostile 8 KiB lines", worst, "ms",
+                   f"{which}; {len(_SHAPES)} shapes x every format (ras-mc-ctl took 8-15 s, nvlink 0.8 s before)"))
+    out.append(Row("parsers", "format sniffing, same input", sniff, "ms", "every detect pattern (was 25 s on GPU/UUID lines)"))
     return out
 
 

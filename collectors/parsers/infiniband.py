@@ -69,7 +69,7 @@ def parse_ibstat(text: str) -> Parsed:
             elif k == "link layer":
                 port.link_layer = v[:256]
     if dev is None:
-        if re.search(r"^\s*(?:Physical )?[Ss]tate:\s*\w", text, re.M):
+        if re.search(r"^[ \t]{0,32}(?:Physical )?[Ss]tate:[ \t]{0,16}\w", text, re.M):
             return parse_ibstat_fragment(text)
         raise ParseError("ibstat", "no \"CA '<device>'\" line")
     return out

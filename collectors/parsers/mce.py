@@ -116,9 +116,29 @@ def parse_mcelog(text: str) -> Parsed:
 
 
 # ----------------------------------------------------------------------------------- ras-mc-ctl
-_RAS_MCE = re.compile(r"^\d+ .*?error: (?P<err>[^,]*error)[^,]*,.*?bank (?P<bank>[^,]*?)(?: \(bank=(?P<n>\d+)\))?,"
-                      r".*?status=(?P<status>0x[0-9a-f]+)", re.I)
-_RAS_MEM = re.compile(r"^\d+ .*? (?P<n>\d+) (?P<kind>Corrected|Uncorrected) error\(s\): (?P<what>.*?) at (?P<label>\S+)",
+_RAS_BANK = re.compile(r"^(?P<bank>.{0,128}?)(?: \(bank=(?P<n>\d{1,4})\))?$")
+
+
+def _ras_mce(s: str) -> tuple[str, str | None, int] | None:
+    """An MCE event line of ``ras-mc-ctl --errors`` (``N date error: … error…, CPU n, bank NAME
+    (bank=17), …, status=0x…``) -> (bank name, bank number, status), by splitting at ``, `` rather
+    than one backtracking pattern (security review F13: lines of untrusted artifacts)."""
+    if not _RAS_REC.match(s) and not re.match(r"^\d{1,12} ", s):
+        return None
+    i = s.find("error: ")
+    if i < 0:
+        return None
+    fields = s[i + 7:].split(", ")
+    if "error" not in fields[0].lower():
+        return None
+    bank = next((f[5:] for f in fields[1:] if f.startswith("bank ")), None)
+    status = _RAS_STATUS.search(s)
+    if bank is None or status is None:
+        return None
+    b = _RAS_BANK.match(bank.strip())
+    return (b["bank"], b["n"], int(status["status"], 16)) if b else (bank[:128], None, int(status["status"], 16))
+_RAS_MEM = re.compile(r"^\d{1,12} [^\n]{0,96}? (?P<n>\d{1,12}) (?P<kind>Corrected|Uncorrected) error\(s\): "
+                      r"(?P<what>[^\n]{0,512}?) at (?P<label>\S{1,256})",
                       re.I)
 _RAS_COUNT = re.compile(r"^(?P<label>\S{1,256}) {0,64}\t(?P<ce>\d{1,20})\t(?P<ue>\d{1,20})\s*$")
 
@@ -181,10 +201,11 @@ def parse_ras_mc_ctl(text: str) -> Parsed:
                 "count": int(m["n"]), "uncorrected": m["kind"].lower() == "uncorrected", "source": "ras-mc-ctl",
                 "what": m["what"]}, s))
             continue
-        if (m := _RAS_MCE.match(s)) is not None:
-            attrs = decode_status(int(m["status"], 16), bank_name=m["bank"])
+        if (rec := _ras_mce(s)) is not None:
+            bank_name, bank_n, status = rec
+            attrs = decode_status(status, bank_name=bank_name)
             attrs["source"] = "ras-mc-ctl"
-            out.facts.append(Fact("mce_record", f"bank {m['n'] or m['bank']}", attrs, s))
+            out.facts.append(Fact("mce_record", f"bank {bank_n or bank_name}", attrs, s))
         elif _RAS_REC.match(s) and (st2 := _RAS_STATUS.search(s)) is not None:
             # Intel records name the bank only as "bank=0x0000000d": the MCA error code in the status decides
             bank = _RAS_BANKNUM.search(s)

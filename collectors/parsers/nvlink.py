@@ -9,7 +9,20 @@ from fleethealth.schema import GpuSample, NvlinkCounters
 
 FORMAT_SMI = "nvidia-smi-nvlink"
 FORMAT_DCGMI = "dcgmi-nvlink-status"
-_GPU = re.compile(r"^GPU (?P<idx>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]+)\))?\s*$")
+_GPU_HEAD = re.compile(r"^GPU (?P<idx>\d{1,7}): (?P<rest>.*)$")
+
+
+def _gpu_line(line: str) -> tuple[int, str, str] | None:
+    """``GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-…)`` -> (index, name, uuid), split without a
+    backtracking pattern (the old one was quadratic on a long line)."""
+    m = _GPU_HEAD.match(line)
+    if m is None:
+        return None
+    rest = m["rest"].rstrip()
+    k = rest.rfind(" (UUID: ")
+    if k >= 0 and rest.endswith(")"):
+        return int(m["idx"]), rest[:k], rest[k + 8:-1]
+    return int(m["idx"]), rest, ""
 _LINK = re.compile(r"^\s*Link (?P<link>\d+): (?P<body>.*)$")
 _COUNTER = re.compile(r"^(?P<name>[A-Za-z][A-Za-z ]*?)s?: (?P<val>\S+)")
 _SPEED = re.compile(r"^(?P<gbps>\d+(?:\.\d+)?) GB/s")
@@ -27,11 +40,11 @@ def parse(text: str) -> Parsed:
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if (m := _GPU.match(line)) is not None:
-            idx = int(m["idx"])
+        if (head := _gpu_line(line)) is not None:
+            idx, name, uuid = head
             if idx > 1_000_000:
                 raise ParseError(FORMAT_SMI, f"GPU index {idx} out of range", lineno)
-            gpu = GpuSample(index=idx, name=m["name"][:256], uuid=(m["uuid"] or "")[:256])
+            gpu = GpuSample(index=idx, name=name[:256], uuid=uuid[:256])
             out.sample.gpus.append(gpu)
             continue
         if _ALL_INACTIVE.search(line):
