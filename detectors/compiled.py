@@ -17,7 +17,15 @@ from detectors.expr import ExprError, parse_expr
 from detectors.finding import Finding
 from detectors.paths import PathError, norm_pci, parse_path
 from detectors.rulefile import PRESENCE_CHECKS, RuleSpec
-from detectors.state import SATURATED, EventWindow, FlapCounter, FleetBaseline, HostState, counter_delta
+from detectors.state import (
+    SATURATED,
+    EventWindow,
+    FlapCounter,
+    FleetBaseline,
+    HostState,
+    counter_delta,
+    saturation,
+)
 from fleethealth.schema import Evidence, Sample
 from fleethealth.taxonomy import MODES, parse_mode
 
@@ -97,8 +105,8 @@ def _path(spec: RuleSpec, key: str = "path") -> Any:
 # --------------------------------------------------------------------------- counters
 
 
-def _step(prev: Any, new: Any, epoch: bool, absolute: bool) -> Any:
-    s = counter_delta(prev, new, epoch_changed=epoch)
+def _step(prev: Any, new: Any, epoch: bool, absolute: bool, sat: frozenset[int] = SATURATED) -> Any:
+    s = counter_delta(prev, new, epoch_changed=epoch, saturated=sat)
     if epoch and not absolute:
         # across a reboot / driver reload a counter restarts and link training bumps some (IB
         # link_downed): re-baseline. Only "since driver load" counters (absolute) count from zero.
@@ -106,20 +114,21 @@ def _step(prev: Any, new: Any, epoch: bool, absolute: bool) -> Any:
     return s
 
 
-def _deltas(prev: Any, new: Any, epoch: bool, absolute: bool) -> tuple[int, str, list[int]]:
+def _deltas(prev: Any, new: Any, epoch: bool, absolute: bool,
+            sat: frozenset[int] = SATURATED) -> tuple[int, str, list[int]]:
     """Delta of a scalar counter or of a per-link list (summed); notes and links that moved."""
     if isinstance(new, list):
         total, links, notes = 0, [], set()
         for i, v in enumerate(new):
             p = prev[i] if isinstance(prev, list) and i < len(prev) else None
-            s = _step(p, v, epoch, absolute)
+            s = _step(p, v, epoch, absolute, sat)
             if s.delta > 0:
                 total += s.delta
                 links.append(i)
             if s.note in ("reset", "wrap", "saturated"):
                 notes.add(s.note)
         return total, ",".join(sorted(notes)), links
-    s = _step(prev, new, epoch, absolute)
+    s = _step(prev, new, epoch, absolute, sat)
     return s.delta, s.note if s.note in ("reset", "wrap", "saturated") else "", []
 
 
@@ -152,6 +161,7 @@ class CounterRule(Evaluator):
         self.factor = float(p.get("factor", 1))
         self.min_rate = float(p.get("min_rate_per_hour", 0))
         self.population = 0
+        self.saturated = saturation(self.path.chain[-1])  # the counter's width (detectors/counters.yaml)
 
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
               out: list[Finding]) -> None:
@@ -172,12 +182,12 @@ class CounterRule(Evaluator):
                 delta, note = sum(x or 0 for x in v), "first sight"
             else:
                 delta, note, links = v, "first sight", []
-                if v in SATURATED:
+                if v in self.saturated:
                     note = "saturated"
         else:
             if prev == v:
                 return
-            delta, note, links = _deltas(prev, v, st.epoch_changed, self.absolute_first)
+            delta, note, links = _deltas(prev, v, st.epoch_changed, self.absolute_first, self.saturated)
         if delta <= 0:
             return
         if note:

@@ -11,13 +11,34 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
+
+import yaml
 
 U32 = 1 << 32
 U64 = 1 << 64
 # Values that mean "at least this many": the counter stopped counting (IB PMA counters are 8/16/32
 # bit and saturate; NVML and sysfs report all-ones for "unavailable" on some devices).
 SATURATED = frozenset({0xFF, 0xFFFF, U32 - 1, U64 - 1})
+
+
+def _load_widths() -> dict[str, int]:
+    raw = yaml.safe_load(resources.files("detectors").joinpath("counters.yaml").read_text()) or {}
+    widths = raw.get("widths") or {}
+    bad = [k for k, v in widths.items() if not isinstance(v, int) or not 1 <= v <= 64]
+    if bad:
+        raise ValueError(f"detectors/counters.yaml: widths must be 1..64 bits: {bad}")
+    return {str(k): int(v) for k, v in widths.items()}
+
+
+WIDTHS = _load_widths()  # counter name -> bits (detectors/counters.yaml)
+
+
+def saturation(name: str) -> frozenset[int]:
+    """The values at which counter ``name`` has stopped counting."""
+    bits = WIDTHS.get(name)
+    return frozenset({(1 << bits) - 1}) if bits is not None else SATURATED
 _WRAP_NEAR = {32: U32 - (1 << 28), 64: U64 - (1 << 60)}
 MAX_WINDOW_EVENTS = 256
 
@@ -30,14 +51,17 @@ class CounterStep:
     note: str = ""  # "", "baseline", "reset", "wrap", "saturated"
 
 
-def counter_delta(prev: int | None, new: int | None, *, epoch_changed: bool = False) -> CounterStep:
+def counter_delta(prev: int | None, new: int | None, *, epoch_changed: bool = False,
+                  saturated: frozenset[int] = SATURATED) -> CounterStep:
     """How much a raw counter advanced between two observations.
 
     * first sight (``prev`` is None): baseline, delta 0;
     * backwards: a reset (reboot, driver reload, GPU reset, counter clear) — new baseline and the
       new value counts as the increase since the reset; except near 2^32 / 2^64 where it is a wrap
       (never across a boot or driver change: then it is always a reset);
-    * a saturated value (255, 65535, 2^32-1, 2^64-1) counts once as "at least" and then stays quiet.
+    * a saturated value (``saturated``: by default 255, 65535, 2^32-1, 2^64-1; a named counter's
+      width from detectors/counters.yaml via :func:`saturation`) counts once as "at least" and then
+      stays quiet.
     """
     if new is None:
         return CounterStep(0, "missing")
@@ -46,8 +70,8 @@ def counter_delta(prev: int | None, new: int | None, *, epoch_changed: bool = Fa
     if new >= prev:
         if new == prev:
             return CounterStep(0)
-        return CounterStep(new - prev, "saturated" if new in SATURATED else "")
-    if prev in SATURATED:
+        return CounterStep(new - prev, "saturated" if new in saturated else "")
+    if prev in saturated:
         return CounterStep(new, "reset")  # a saturated counter does not wrap: it was cleared
     if not epoch_changed:
         for bits, near in _WRAP_NEAR.items():

@@ -172,3 +172,32 @@ def test_link_down_needs_a_prior_up_and_a_flap_is_a_bad_cable() -> None:
     assert _modes(rules, _sample([ev(1, "up"), ev(50, "down")])) == [("0000:c1:00.0", "net_link_down")]
     flap = [ev(1, "up"), ev(50, "down"), ev(52, "up"), ev(90, "down"), ev(93, "up")]
     assert _modes(rules, _sample(flap)) == [("0000:c1:00.0", "net_link_bad_cable")]
+
+
+def test_counter_widths_are_data_and_saturation_is_at_least() -> None:
+    from detectors.state import counter_delta, saturation
+
+    assert saturation("local_link_integrity_errors") == {15}  # 4-bit IB counter (detectors/counters.yaml)
+    assert saturation("link_downed") == {255}
+    assert counter_delta(12, 15, saturated=saturation("local_link_integrity_errors")).note == "saturated"
+    assert counter_delta(15, 15, saturated=saturation("local_link_integrity_errors")).delta == 0
+    # a saturated counter that never moves stays quiet in a stream
+    stream = RuleSet.load()
+    h = HostSeries("h1")
+    st = HostState("h1")
+    out: list = []
+
+    def sat(s):
+        p = s.net_ports[0]
+        s.net_ports[0] = type(p)(**{**{f: getattr(p, f) for f in p.__struct_fields__},
+                                    "counters": {**p.counters, "symbol_error": 65535, "port_xmit_wait": (1 << 32) - 1}})
+
+    for _ in range(5):
+        s = h.advance(sat)
+        Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
+        stream.evaluate(st, s, out)
+    assert [f for f in out if f.failure_mode == "net_link_bad_cable"] == []
+    # a capture of it: symbol_error at its 16-bit maximum is at least 65535, past the lifetime limit
+    found = RuleSet.load(snapshot=True).evaluate_snapshot(s)
+    (f,) = [f for f in found if f.detector == "net.symbol-errors"]
+    assert "saturated" in f.evidence[0].fact
