@@ -533,6 +533,10 @@ class FactRule(Evaluator):
         self.below = p.get("below_common")
         self.min_facts = int(p.get("min_facts", 3))
         self.count_gt = int(p.get("count_gt", 0))
+        try:  # another fact of the capture that makes this one inconclusive (any kind)
+            self.unless = re.compile(p["unless"]) if p.get("unless") else None
+        except re.error as exc:
+            raise spec.error("unless", f"bad regex: {exc}") from None
 
     def _matches(self, f: Any) -> bool:
         if f.kind != self.fact:
@@ -551,6 +555,8 @@ class FactRule(Evaluator):
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
               out: list[Finding]) -> None:
         hits = [f for f in st.facts if self._matches(f)]
+        if hits and self.unless is not None and any(self.unless.search(f.line) for f in st.facts):
+            return
         if self.below and hits:
             vals = [f.attrs.get(self.below) for f in hits if f.attrs.get(self.below)]
             if len(vals) < self.min_facts:
@@ -570,8 +576,11 @@ class FactRule(Evaluator):
                     out.append(self.finding(sample, comp_, line=fs[0].line, a=_Fmt(fs[0].attrs), count=n))
             return
         for f in hits:
-            out.append(self.finding(sample, f.component or "host", line=f.line, a=_Fmt(f.attrs),
-                                    value=f.attrs.get("value", "")))
+            comp_ = f.component or "host"
+            m = self.rx.search(f.line) if self.rx is not None else None
+            if m is not None and m.groupdict().get("gpu"):
+                comp_ = f"gpu{m['gpu']}"  # the GPU the line names (dcgmi diag "Fail - GPU: 3")
+            out.append(self.finding(sample, comp_, line=f.line, a=_Fmt(f.attrs), value=f.attrs.get("value", "")))
 
 
 _TEST = re.compile(r"^\s*(?P<a>[a-z_][a-z0-9_]*)\s*(?P<op>>=|<=|==|!=|>|<)\s*"

@@ -36,8 +36,27 @@ CASES = {
 }
 
 
+# tool captures the collector does not read: through diagnose only (capture.yaml's fact rules)
+TOOL_CASES = {
+    "dcgmi-diag-r3-memory-faulty.txt": ({("gpu5", "gpu_dram_uce")}, "Fail - GPU: 5"),
+    "dcgmi-diag-r2-pcie-fail-replays.txt": ({("gpu1", "pcie_link_degraded")}, "Fail - GPU: 1"),
+    # the run could not use the GPU (another process held it): inconclusive, not a memory fault
+    "dcgmi-diag-r2-memory-fail-gpu-busy-inconclusive.txt": (set(), ""),
+}
+
+
 def test_every_family_fixture_has_a_case() -> None:
-    assert {p.name for p in FAM.iterdir()} == set(CASES)
+    assert {p.name for p in FAM.iterdir() if p.is_file()} == set(CASES)
+    assert {p.name for p in (FAM / "tools").iterdir()} == set(TOOL_CASES)
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_CASES))
+def test_tool_family_through_diagnose(name: str) -> None:
+    want, text = TOOL_CASES[name]
+    d = diagnose_path(FAM / "tools" / name)
+    assert d.error is None and d.format == "dcgmi-diag"
+    assert {(f.component, f.failure_mode) for f in d.findings} == want
+    assert all(text in f.evidence[0].line for f in d.findings)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
