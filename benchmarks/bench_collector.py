@@ -15,8 +15,8 @@ from pathlib import Path
 from benchmarks.table import Row
 from collectors.daemon import Collector, CollectorSettings
 from collectors.exporter import SampleMetrics, load_catalog
-from collectors.sim_nvml import SimNvml
-from collectors.simhost import build_sim_host
+from simulator.host import build_sim_host
+from simulator.nvml import SimNvml
 
 
 class NullSink:

@@ -46,14 +46,14 @@ def _lines(limit: int) -> tuple[list[bytes], str]:
             if len(out) >= limit:
                 break
         return out, f"{rec.name}, {len(out)} samples"
-    from detectors.fixtures import HostSeries
+    from simulator.fixtures import HostSeries
 
     fleet = [HostSeries(f"b-{i}") for i in range(64)]
     return [encode(h.advance()) for _ in range(limit // 64) for h in fleet], "literal 8-GPU samples"
 
 
 def throughput(limit: int = 5000, repeat: int = 3) -> list[Row]:
-    from detectors.engine import DetectorEngine
+    from detectors.engine.engine import DetectorEngine
     from detectors.registry import model_detectors
 
     lines, what = _lines(limit)
@@ -101,11 +101,11 @@ def throughput(limit: int = 5000, repeat: int = 3) -> list[Row]:
 
 
 def incremental(limit: int = 5000, repeat: int = 3) -> list[Row]:
-    """The same input through detectors.fastdecode.IncrementalDecoder (per-host reuse of unchanged
+    """The same input through detectors.engine.fastdecode.IncrementalDecoder (per-host reuse of unchanged
     sub-objects), beside the strict decode_sample: in file order, hosts interleaved as a worker sees
     them; a fresh decoder (cold cache) per timed run."""
-    from detectors.engine import DetectorEngine
-    from detectors.fastdecode import IncrementalDecoder
+    from detectors.engine.engine import DetectorEngine
+    from detectors.engine.fastdecode import IncrementalDecoder
 
     lines, what = _lines(limit)
     n = len(lines)
@@ -136,8 +136,8 @@ def incremental(limit: int = 5000, repeat: int = 3) -> list[Row]:
 
 
 def _worker_proc(bootstrap: str, topics: dict[str, str], group: str, ready: Any, stop: Any, out: Any) -> None:
-    from detectors.engine import DetectorEngine
-    from detectors.worker import DetectWorker
+    from detectors.engine.engine import DetectorEngine
+    from detectors.worker.worker import DetectWorker
     from fleethealth.kafka_bus import KafkaBus
 
     bus = KafkaBus(bootstrap)
@@ -181,8 +181,8 @@ def _reader_proc(bootstrap: str, topic: str, group: str, ready: Any, stop: Any, 
 def kafka_latency(bootstrap: str, hosts: int = 1000, seconds: float = 20.0) -> list[Row]:
     import msgspec
 
-    from detectors.fixtures import HostSeries
     from fleethealth.kafka_bus import KafkaBus, ensure_topics
+    from simulator.fixtures import HostSeries
 
     tag = uuid.uuid4().hex[:8]
     topics = {"t": f"bench.{tag}.telemetry", "i": f"bench.{tag}.incidents", "d": f"bench.{tag}.deadletter"}

@@ -29,7 +29,7 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 _CHILD = """
 import cProfile, json, pstats, sys
 from pathlib import Path
-from fleetcli.prom_import import ImportSpec, PromClient, run_import
+from fleetcli.commands.prom_import import ImportSpec, PromClient, run_import
 spec = ImportSpec(url="{url}", start={start}, end={end}, step={step}, max_points={max_points})
 prof = cProfile.Profile() if "{profile}" else None
 if prof: prof.enable()

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from benchmarks.table import Row
 from benchmarks.timing import best_cpu
-from collectors.kernel_log import KernelLineParser
 from fleethealth.schema import KernelEvent, Sample
+from parsers.kernel_log import KernelLineParser
 
 _ORDINARY = [
     "[  812.117215] NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus.",
@@ -47,7 +47,7 @@ _SHAPES = ["1 " + "error: a error" * 585, "| " + "a |" * 2730, "GPU 0: " + "(UUI
 
 def _parsers_worst() -> tuple[float, str, float]:
     """(worst ms of one parser on 24 hostile 8 KiB lines, which, worst ms of format sniffing)."""
-    from collectors.parsers import PARSERS, ParseError, detect_format
+    from parsers import PARSERS, ParseError, detect_format
 
     worst, which, sniff = 0.0, "", 0.0
     for shape in _SHAPES:
@@ -76,7 +76,7 @@ def rows(n: int = 20_000) -> list[Row]:
     t = best_cpu(_read(lines))
     out = [Row("kernel reader", "ordinary log lines", n / t, "lines/s", "mixed dmesg / syslog / journal, one core")]
     try:
-        from detectors.ruleset import RuleSet
+        from detectors.engine.ruleset import RuleSet
         rules: RuleSet | None = RuleSet.load(snapshot=True)
     except Exception:  # the rule set's API is another part's; the reader's figures stand without it
         rules = None

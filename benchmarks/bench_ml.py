@@ -35,9 +35,9 @@ from benchmarks.timing import best_cpu, worker_path  # noqa: E402
 
 
 def _fleet(hosts: int, duration_s: float, fault_rate: float) -> list[bytes]:
-    from collectors.fleetsim.engine import simulate
-    from collectors.fleetsim.plan import RunSpec
     from fleethealth.bus import iter_jsonl
+    from simulator.engine import simulate
+    from simulator.plan import RunSpec
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.jsonl"
@@ -47,7 +47,7 @@ def _fleet(hosts: int, duration_s: float, fault_rate: float) -> list[bytes]:
 
 def rows(hosts: int = 256, duration_s: float = 1800.0, fault_rate: float = 1.0, model_dir: Path | None = None,
          repeat: int = 3, quick: bool = False) -> list[Row]:
-    from detectors.fastdecode import IncrementalDecoder
+    from detectors.engine.fastdecode import IncrementalDecoder
     from detectors.ml import MLSuite, load_ml_detectors
     from detectors.ml.features import FeatureStream
     from fleethealth.schema import decode_sample, encode_packed

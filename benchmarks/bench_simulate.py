@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from benchmarks.table import Row, render
-from collectors.fleetsim.engine import Simulation, simulate
-from collectors.fleetsim.plan import RunSpec
-from collectors.fleetsim.replay import replay_file
 from fleethealth.bus import InProcessBus
+from simulator.engine import Simulation, simulate
+from simulator.plan import RunSpec
+from simulator.replay import replay_file
 
 DAY_SAMPLES = 512 * 2880
 REPLAY_LIMIT = 30_000  # the in-process bus keeps every message: bound its memory

@@ -26,8 +26,8 @@ def worker_path(packed: list[bytes], extra: list[Any]) -> Callable[[], None]:
     hands over its findings: docs/detectors.md, "ML"). Fresh state on every call."""
 
     def run() -> None:
-        from detectors.engine import DetectorEngine
-        from detectors.fastdecode import IncrementalDecoder
+        from detectors.engine.engine import DetectorEngine
+        from detectors.engine.fastdecode import IncrementalDecoder
 
         for d in extra:
             d.reset()

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collectors.kernel_log import MAX_LINE, KernelLineParser
 from fleethealth.schema import KernelEvent
+from parsers.kernel_log import MAX_LINE, KernelLineParser
 
 log = logging.getLogger(__name__)
 

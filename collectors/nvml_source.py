@@ -1,7 +1,7 @@
 """The NVML source: per-GPU health counters through ``pynvml`` (nvidia-ml-py).
 
 ``NvmlSource(nvml)`` takes the NVML module as an argument: the real ``pynvml`` on a GPU host, or a
-:class:`collectors.sim_nvml.SimNvml` in tests and ``--simulate``. Both raise pynvml's own
+:class:`simulator.nvml.SimNvml` in tests and ``--simulate``. Both raise pynvml's own
 exception classes, so the handling below is the same code path for both.
 
 Errors are facts, not crashes: ``NVMLError_NotSupported`` (and NoPermission, FunctionNotFound)
@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.kernel_log import normalise_pci
 from fleethealth.schema import (
     EccCounters,
     GpuSample,
@@ -34,6 +33,7 @@ from fleethealth.schema import (
     RetiredPages,
     XidEvent,
 )
+from parsers.kernel_log import normalise_pci
 
 log = logging.getLogger(__name__)
 MAX_LINKS = 32  # schema bound; NVML_NVLINK_MAX_LINKS is 18 (Hopper) .. 36 in newer headers

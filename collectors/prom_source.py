@@ -3,13 +3,13 @@
 ``fleethealth collect --source dcgm-exporter=http://127.0.0.1:9400/metrics`` fills the sample's
 ``gpus`` from dcgm-exporter's text; ``--source node-exporter=http://127.0.0.1:9100/metrics`` fills
 ``net_ports`` (InfiniBand / RoCE), ``edac`` and the boot id from node_exporter's. Both read the one
-mapping table (``collectors/parsers/prom_map.tsv``) through :func:`collectors.parsers.prom_map.build`,
+mapping table (``parsers/prom_map.tsv``) through :func:`parsers.prom_map.build`,
 so a series means the same here, in ``diagnose`` and in ``fleethealth import prometheus``.
 
 Each scrape has a deadline (``timeout``); a failed scrape raises :class:`ScrapeError`, which the
 daemon records as a ``SourceError`` on the sample and counts (the other sources still report).
 dcgm-exporter's last-value Xid gauge becomes events through the one
-:class:`~collectors.parsers.prom_xid.XidGaugeTracker`, whose state is saved in the state folder
+:class:`~parsers.prom_xid.XidGaugeTracker`, whose state is saved in the state folder
 after every scrape, so a collector restart neither repeats an old Xid nor misses a change.
 """
 
@@ -23,10 +23,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.parsers.prom import parse_metrics
-from collectors.parsers.prom_map import PromMap, build, load_map
-from collectors.parsers.prom_xid import XidGaugeTracker
 from fleethealth.schema import Sample
+from parsers.prom import parse_metrics
+from parsers.prom_map import PromMap, build, load_map
+from parsers.prom_xid import XidGaugeTracker
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.parsers.sysfs_snapshot import parse_aer_counters as _parse_aer_counters
 from fleethealth.schema import AerDevice, EdacDimm, EdacMc, NetPort
+from parsers.sysfs_snapshot import parse_aer_counters as _parse_aer_counters
 
 U64_MAX = (1 << 64) - 1
 

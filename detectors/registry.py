@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from detectors.finding import Detector, Finding
-from detectors.rulefile import load_rule_files, rules_dir
-from detectors.ruleset import RuleSet
-from detectors.state import Admission, HostState
+from detectors.engine.finding import Detector, Finding
+from detectors.engine.rulefile import load_rule_files, rules_dir
+from detectors.engine.ruleset import RuleSet
+from detectors.engine.state import Admission, HostState
 from fleethealth.schema import Sample
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class EngineDetector:
     name = "engine"
 
     def __init__(self) -> None:
-        from detectors.engine import DetectorEngine
+        from detectors.engine.engine import DetectorEngine
 
         self.engine = DetectorEngine()
 

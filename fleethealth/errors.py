@@ -1,4 +1,4 @@
-"""Typed errors. Library code raises these; only ``fleethealth.cli`` turns them into exit codes."""
+"""Typed errors. Library code raises these; only ``fleetcli.cli`` turns them into exit codes."""
 
 from __future__ import annotations
 

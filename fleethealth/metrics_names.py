@@ -1,6 +1,6 @@
 """Names of the fleet services' own Prometheus metrics, in one place.
 
-Dashboards query these names; ``fleethealth.fleet_metrics`` exports the ones the pipeline layer
+Dashboards query these names; ``fleetcli.fleet_metrics`` exports the ones the pipeline layer
 derives from the bus (host states, open incidents, lag, last sample age); the remediation worker
 exports its own (actions, drained / queued nodes, tickets by age, guard refusals). The
 collector's per-host metrics are named in ``collectors/metrics.tsv`` (the exporter's catalogue).
@@ -8,7 +8,7 @@ collector's per-host metrics are named in ``collectors/metrics.tsv`` (the export
 
 from __future__ import annotations
 
-# ---- fleet state (derived from incidents + actions + tickets by fleethealth.fleet_metrics)
+# ---- fleet state (derived from incidents + actions + tickets by fleetcli.fleet_metrics)
 HOSTS = "fleethealth_fleet_hosts"  # gauge {state=healthy|suspect|drained|in_repair}
 INCIDENTS_OPEN = "fleethealth_fleet_incidents_open"  # gauge {host, rack, failure_mode, severity}
 INCIDENT_MESSAGES = "fleethealth_fleet_incident_messages_total"  # counter {failure_mode, state}

@@ -26,9 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=Path, default=None, help="model folder (default: the shipped models)")
     args = ap.parse_args(argv)
 
-    from detectors.engine import DetectorEngine
+    from detectors.engine.engine import DetectorEngine
     from detectors.ml import load_ml_detectors
-    from detectors.scoring import _same_component, load_truth, truth_path_for
+    from detectors.scoring.scoring import _same_component, load_truth, truth_path_for
     from fleethealth.bus import iter_jsonl
     from fleethealth.schema import decode_sample
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from detectors.finding import Detector, Finding
+from detectors.engine.finding import Detector, Finding
 from detectors.ml.batching import WindowBatcher
 from detectors.ml.features import FEATURE_SPEC, FeatureStream
 from detectors.ml.model_io import ModelError, load_model, read_sidecar

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
-from detectors.finding import Finding
+from detectors.engine.finding import Finding
 from detectors.ml.features import FeatureStream, WindowFeatures
 from fleethealth.schema import Sample
 

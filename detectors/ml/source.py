@@ -1,17 +1,13 @@
-"""Labelled fleets for training: the fleet simulator's recordings read back as samples + ground truth.
+"""Labelled fleets for training: a simulator recording read back as samples + ground truth.
 
-Prefers the simulator's Python API (``collectors.fleetsim.engine.simulate``); without it, shells
-out to ``fleethealth simulate``. Either way the recording goes to a temporary folder and is read
-back through the strict contract decoder, exactly as the detectors would see it on the bus.
+The recording is read through the strict contract decoder, exactly as the detectors would see it on
+the bus. Producing the recording (the simulator) is the composition root's job
+(``fleetcli/commands/train.py``): detectors do not import the simulator.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,29 +58,3 @@ def read_recording(path: Path, window_s: float, tick: Callable[[], None] | None 
     fleet.faults = FaultIndex(read_truth(truth))
     return fleet
 
-
-def simulate_fleet(seed: int, hosts: int, duration_s: float, interval_s: float, fault_rate: float,
-                   window_s: float, tick: Callable[[], None] | None = None, min_per_mode: int = 0) -> Fleet:
-    """Simulate one labelled fleet (``min_per_mode`` faults of every mode at least, where the
-    simulator's API offers it) and return its windows and ground truth."""
-    tmp = Path(tempfile.mkdtemp(prefix="fleethealth-train-"))
-    try:
-        out = tmp / f"seed{seed}.jsonl.gz"
-        try:
-            from collectors.fleetsim.engine import simulate
-            from collectors.fleetsim.plan import RunSpec
-        except ImportError:
-            cmd = [sys.executable, "-m", "fleethealth.cli", "simulate", "--hosts", str(hosts), "--duration",
-                   f"{int(duration_s)}s", "--interval", str(interval_s), "--seed", str(seed),
-                   "--fault-rate", str(fault_rate), "--out", str(out), "--quiet"]
-            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if res.returncode != 0:
-                raise UserError(f"`fleethealth simulate` failed ({res.returncode}): {res.stderr[-500:]}") from None
-        else:
-            spec = RunSpec(hosts=hosts, duration_s=duration_s, interval_s=interval_s, seed=seed, fault_rate=fault_rate,
-                           min_per_mode=min_per_mode)
-            spec.check()
-            simulate(spec, out)
-        return read_recording(out, window_s, tick)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.finding import Finding
+from detectors.engine.finding import Finding
 from detectors.ml.batching import WindowBatcher
 from detectors.ml.features import (
     GPU_FEATURES,

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from detectors.backtest import backtest
-from fleetcli.prom_import import ImportSpec, PromClient, run_import
-from fleethealth.cli import main as cli_main
+from detectors.scoring.backtest import backtest
+from fleetcli.cli import main as cli_main
+from fleetcli.commands.prom_import import ImportSpec, PromClient, run_import
 from fleethealth.errors import UserError
 from fleethealth.schema import decode_sample
 from tests.backtest.fixture_exporter import FAULTS, FAULTY, HOSTS, FixtureExporter, uuid
@@ -47,7 +47,7 @@ def _collector(host: str, ex: FixtureExporter, tmp: Path) -> subprocess.Popen[by
     (tmp / "sys").mkdir(exist_ok=True)
     (tmp / "proc").mkdir(exist_ok=True)
     (tmp / "kmsg.log").touch()
-    cmd = [sys.executable, "-m", "fleethealth.cli", "--log-level", "warning", "collect",
+    cmd = [sys.executable, "-m", "fleetcli.cli", "--log-level", "warning", "collect",
            "--source", f"dcgm-exporter={ex.url(host, 'dcgm')}", "--source", f"node-exporter={ex.url(host, 'node')}",
            "--host", host, "--interval", "1",
            "--sink", f"jsonl:{tmp / f'collect-{host}.jsonl'}", "--state-dir", str(tmp / f"state-{host}"),

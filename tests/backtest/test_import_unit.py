@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fleetcli.prom_import import ImportSpec, parse_duration, parse_time, run_import
+from fleetcli.commands.prom_import import ImportSpec, parse_duration, parse_time, run_import
 from fleethealth.errors import UserError
 from fleethealth.schema import decode_sample
 

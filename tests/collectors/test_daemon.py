@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from collectors.daemon import Collector, CollectorSettings
-from collectors.sim_nvml import SimNvml
-from collectors.simhost import build_sim_host
 from collectors.spool import Spool
 from fleethealth.bus import BusError
 from fleethealth.schema import decode_sample
+from simulator.host import build_sim_host
+from simulator.nvml import SimNvml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "collectors"
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors.daemon import Collector, CollectorSettings
 from collectors.exporter import CatalogError, SampleMetrics, load_catalog, parse_catalog, start_exporter
 from collectors.nvml_source import NvmlSource
-from collectors.sim_nvml import SimNvml
+from simulator.nvml import SimNvml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "collectors"
 HEADER = "metric\ttype\tunit\tsource\tlabels\thelp\n"
@@ -110,7 +110,7 @@ def test_exporter_serves_on_localhost_and_port_zero_disables():
 
 def test_cli_simulate_once_jsonl(tmp_path):
     out = tmp_path / "t.jsonl"
-    r = subprocess.run([sys.executable, "-m", "fleethealth.cli", "collect", "--simulate", "--once", "--host", "h9",
+    r = subprocess.run([sys.executable, "-m", "fleetcli.cli", "collect", "--simulate", "--once", "--host", "h9",
                         "--sink", f"jsonl:{out}", "--state-dir", str(tmp_path / "st")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from collectors import inject
+from fleetcli.cli import main
 from fleethealth.bus import read_values
-from fleethealth.cli import main
 from fleethealth.errors import UserError
 from fleethealth.schema import Sample, decode_sample
 from fleethealth.taxonomy import MODES
+from simulator import inject
 
 
 def collect(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,

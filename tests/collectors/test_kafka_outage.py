@@ -141,7 +141,7 @@ def test_broker_restart_loses_nothing(private_broker, tmp_path):
     procs = {}
     for i, h in enumerate(hosts):
         procs[h] = subprocess.Popen(
-            [sys.executable, "-m", "fleethealth.cli", "--log-format", "json", "collect", "--simulate",
+            [sys.executable, "-m", "fleetcli.cli", "--log-format", "json", "collect", "--simulate",
              "--host", h, "--sim-gpus", "2", "--sim-seed", str(i), "--interval", "0.2",
              "--sink", f"kafka:127.0.0.1:{PORT}", "--topic", topic, "--exporter-port", "0",
              "--state-dir", str(tmp_path / h)],

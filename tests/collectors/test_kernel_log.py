@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from collectors.kernel_follow import KernelLogFollower
-from collectors.kernel_log import KernelLineParser, normalise_pci, parse_kernel_line
+from parsers.kernel_log import KernelLineParser, normalise_pci, parse_kernel_line
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "collectors" / "kmsg"
 CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus"

@@ -172,7 +172,7 @@ _COLLECTOR_CHILD = textwrap.dedent("""
     from tests.collectors.test_daemon import ListSink, settings
     from pathlib import Path
     from collectors.daemon import Collector
-    from collectors.sim_nvml import SimNvml
+    from simulator.nvml import SimNvml
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     sink = ListSink()
     c = Collector(settings(Path(sys.argv[1])), sink=sink, nvml=SimNvml(2))
@@ -206,7 +206,7 @@ def test_a_full_spool_disk_never_stops_sending(tmp_path):
 
 def test_a_full_state_disk_never_stops_sending(tiny_tmpfs, tmp_path):
     from collectors.daemon import Collector
-    from collectors.sim_nvml import SimNvml
+    from simulator.nvml import SimNvml
     from tests.collectors.test_daemon import ListSink, settings
 
     sink = ListSink()

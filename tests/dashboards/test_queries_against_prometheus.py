@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dashboards.build import all_queries
-from fleethealth.pipeline import RunOptions, RunResult, run
+from fleetcli.pipeline import RunOptions, RunResult, run
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from fleethealth.cli import build_parser
+from fleetcli.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"

@@ -7,14 +7,14 @@ import sys
 
 import msgspec
 
-from detectors.fixtures import HostSeries
 from fleethealth.schema import decode_incident, encode
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 
 
 def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "fleethealth.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fleetcli.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

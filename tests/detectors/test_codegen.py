@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from detectors.fixtures import HostSeries
-from detectors.ruleset import RuleSet
-from detectors.state import Admission, HostState
+from detectors.engine.ruleset import RuleSet
+from detectors.engine.state import Admission, HostState
 from fleethealth.bus import iter_jsonl
 from fleethealth.schema import KernelEvent, XidEvent, decode_sample
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 

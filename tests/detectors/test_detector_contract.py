@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from detectors.fixtures import HostSeries
 from detectors.registry import all_detectors
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 DETECTORS = all_detectors()

@@ -10,18 +10,18 @@ import uuid
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.worker import DetectWorker, staleness_clock
+from detectors.engine.engine import DetectorEngine
+from detectors.worker.worker import DetectWorker, staleness_clock
 from fleethealth.bus import INCIDENTS, TELEMETRY, InProcessBus
 from fleethealth.schema import decode_incident, encode
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 
 
 @pytest.fixture(scope="module")
 def rules():
-    from detectors.ruleset import RuleSet
+    from detectors.engine.ruleset import RuleSet
 
     return RuleSet.load()
 

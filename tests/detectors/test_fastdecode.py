@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detectors.engine import DetectorEngine
-from detectors.fastdecode import GPU_GAUGES, GPU_RAW, GPU_STABLE, IncrementalDecoder
+from detectors.engine.engine import DetectorEngine
+from detectors.engine.fastdecode import GPU_GAUGES, GPU_RAW, GPU_STABLE, IncrementalDecoder
 from detectors.registry import model_detectors
 from fleethealth.bus import iter_jsonl
 from fleethealth.salvage import removed_fields

@@ -4,12 +4,12 @@ application Xid beside a hardware one, 154's recovery action)."""
 
 from __future__ import annotations
 
-from collectors.parsers.base import Fact
-from detectors.fixtures import HostSeries
-from detectors.rulefile import parse_rules
-from detectors.ruleset import RuleSet, snapshot_view
-from detectors.state import Admission, HostState
+from detectors.engine.rulefile import parse_rules
+from detectors.engine.ruleset import RuleSet, snapshot_view
+from detectors.engine.state import Admission, HostState
 from fleethealth.schema import KernelEvent, Sample
+from parsers.base import Fact
+from simulator.fixtures import HostSeries
 
 
 def _sample(events: list[KernelEvent], **kw) -> Sample:
@@ -175,9 +175,9 @@ def test_link_down_needs_a_prior_up_and_a_flap_is_a_bad_cable() -> None:
 
 
 def test_counter_widths_are_data_and_saturation_is_at_least() -> None:
-    from detectors.state import counter_delta, saturation
+    from detectors.engine.state import counter_delta, saturation
 
-    assert saturation("local_link_integrity_errors") == {15}  # 4-bit IB counter (detectors/counters.yaml)
+    assert saturation("local_link_integrity_errors") == {15}  # 4-bit IB counter (detectors/engine/counters.yaml)
     assert saturation("link_downed") == {255}
     assert counter_delta(12, 15, saturated=saturation("local_link_integrity_errors")).note == "saturated"
     assert counter_delta(15, 15, saturated=saturation("local_link_integrity_errors")).delta == 0

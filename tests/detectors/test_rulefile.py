@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.rulefile import RuleError, load_rule_files, parse_rules
-from detectors.ruleset import RuleSet
+from detectors.engine.rulefile import RuleError, load_rule_files, parse_rules
+from detectors.engine.ruleset import RuleSet
 from fleethealth.taxonomy import FAULT_LABELS
 from fleethealth.xid import xid_table
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.ruleset import evaluate_snapshot
+from detectors.engine.engine import DetectorEngine
+from detectors.engine.ruleset import evaluate_snapshot
 from fleethealth.schema import KernelEvent, XidEvent
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 
 
 @pytest.fixture(scope="module")
 def rules():
-    from detectors.ruleset import RuleSet
+    from detectors.engine.ruleset import RuleSet
 
     return RuleSet.load()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.scoring import TruthFault, meets_quality_bar, run_recording, score, truth_path_for
+from detectors.scoring.scoring import TruthFault, meets_quality_bar, run_recording, score, truth_path_for
 from fleethealth.schema import Incident
 
 DATA = Path(__file__).resolve().parents[2] / "replay_data"
@@ -44,7 +44,7 @@ def test_quality_bar_on_shipped_datasets(name):
     path = DATA / f"{name}.jsonl.gz"
     if not path.exists():
         pytest.skip(f"{path} not shipped in this checkout")
-    from detectors.scoring import load_truth
+    from detectors.scoring.scoring import load_truth
 
     res = run_recording(path)
     card = score(load_truth(truth_path_for(path)), res.incidents, res.hosts, host_ts=res.host_ts)
@@ -63,7 +63,7 @@ def test_quality_bar_holds_with_the_shipped_models(name):
     bounce on a healthy host (a switch reboot): one window of it once made the classifier open a
     false net_link_down; a state mode must now persist two windows."""
     from detectors.ml import MODEL_DIR
-    from fleethealth.pipeline import RunOptions, run
+    from fleetcli.pipeline import RunOptions, run
 
     path = DATA / f"{name}.jsonl.gz"
     if not path.exists() or not (MODEL_DIR / "fault_classifier.json").exists():
@@ -79,7 +79,7 @@ def test_replay_score_cli_json_and_report(tmp_path):
     path = DATA / "sbe-storm-no-uce-16h.jsonl.gz"
     if not path.exists():
         pytest.skip("dataset not shipped")
-    r = subprocess.run([sys.executable, "-m", "fleethealth.cli", "replay", str(path), "--score", "--json",
+    r = subprocess.run([sys.executable, "-m", "fleetcli.cli", "replay", str(path), "--score", "--json",
                         "--report", str(tmp_path / "rep")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     card = json.loads(r.stdout)

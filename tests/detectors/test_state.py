@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from detectors.state import (
+from detectors.engine.state import (
     MAX_WINDOW_EVENTS,
     Admission,
     EventWindow,

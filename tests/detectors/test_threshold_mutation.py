@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.rulefile import load_rule_files
-from detectors.ruleset import RuleSet
-from detectors.scoring import load_truth, meets_quality_bar, run_recording, score, truth_path_for
+from detectors.engine.engine import DetectorEngine
+from detectors.engine.rulefile import load_rule_files
+from detectors.engine.ruleset import RuleSet
+from detectors.scoring.scoring import load_truth, meets_quality_bar, run_recording, score, truth_path_for
 
 DATA = Path(__file__).resolve().parents[2] / "replay_data"
 HARD = DATA / "hard-cases-24h.jsonl.gz"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
+from detectors.engine.engine import DetectorEngine
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 
@@ -17,7 +17,7 @@ SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x4, 0x8, 0x20,
 
 @pytest.fixture(scope="module")
 def rules():
-    from detectors.ruleset import RuleSet
+    from detectors.engine.ruleset import RuleSet
 
     return RuleSet.load()
 

@@ -9,12 +9,12 @@ import uuid
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.metrics import DetectMetrics
-from detectors.worker import DetectWorker
+from detectors.engine.engine import DetectorEngine
+from detectors.worker.metrics import DetectMetrics
+from detectors.worker.worker import DetectWorker
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, InProcessBus
 from fleethealth.schema import decode_incident, encode
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 

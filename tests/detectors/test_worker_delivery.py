@@ -13,12 +13,12 @@ from __future__ import annotations
 import msgspec
 import prometheus_client
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.metrics import DetectMetrics
-from detectors.worker import DetectWorker
+from detectors.engine.engine import DetectorEngine
+from detectors.worker.metrics import DetectMetrics
+from detectors.worker.worker import DetectWorker
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, BusError, InProcessBus
 from fleethealth.schema import encode
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 

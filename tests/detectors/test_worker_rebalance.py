@@ -10,10 +10,10 @@ import uuid
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.worker import DetectWorker
+from detectors.engine.engine import DetectorEngine
+from detectors.worker.worker import DetectWorker
 from fleethealth.schema import Sample, decode_incident, encode
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 pytestmark = pytest.mark.kafka

@@ -7,13 +7,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.worker import DetectWorker
+from detectors.engine.engine import DetectorEngine
+from detectors.worker.worker import DetectWorker
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, InProcessBus
 from fleethealth.identity import HEADER, Verifier, host_key, sign
 from fleethealth.schema import DEADLETTER as DL
 from fleethealth.schema import decode_incident, encode
+from simulator.fixtures import HostSeries
 
 replace = msgspec.structs.replace
 T0 = 1_764_000_000.0

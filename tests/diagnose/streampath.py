@@ -9,12 +9,12 @@ import tempfile
 from pathlib import Path
 
 from collectors.daemon import Collector, CollectorSettings
-from collectors.parsers import ParseError, load
-from collectors.parsers.sysfs_snapshot import find_sys_root
-from detectors.diagnose import diagnose_path
-from detectors.engine import DetectorEngine
-from detectors.ruleset import RuleSet
+from detectors.diagnose.doctor import diagnose_path
+from detectors.engine.engine import DetectorEngine
+from detectors.engine.ruleset import RuleSet
 from fleethealth.schema import Incident, Sample
+from parsers import ParseError, load
+from parsers.sysfs_snapshot import find_sys_root
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / ".." / "shared" / "corpus"

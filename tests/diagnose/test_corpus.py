@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from detectors.diagnose import diagnose_path
-from detectors.ruleset import RuleSet
+from detectors.diagnose.doctor import diagnose_path
+from detectors.engine.ruleset import RuleSet
 from tests.diagnose.streampath import CORPUS, corpus_rows, stream_kind, stream_modes
 
 MISSES = yaml.safe_load((Path(__file__).resolve().parent / "corpus_misses.yaml").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_path, run
+from detectors.diagnose.doctor import diagnose_path, run
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "parsers"
 
@@ -72,6 +72,6 @@ def test_json_lines_and_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cli_registered() -> None:
-    from fleethealth.cli import main
+    from fleetcli.cli import main
 
     assert main(["diagnose", str(FIX / "kmsg-raw-app-xid13.log")]) == 1

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.parsers import parse_captures
-from collectors.parsers.split import split_captures
-from detectors.diagnose import EXIT_NO_EVIDENCE, diagnose_input, run
-from detectors.diagnose_engine import snapshot_rules
+from detectors.diagnose.doctor import EXIT_NO_EVIDENCE, diagnose_input, run
+from detectors.diagnose.engine import snapshot_rules
+from parsers import parse_captures
+from parsers.split import split_captures
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "parsers"
 XID79 = b"[  812.117215] NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus.\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from detectors.ruleset import RuleSet
+from detectors.engine.ruleset import RuleSet
 from tests.diagnose.streampath import captures, diagnose_modes, stream_kind, stream_modes
 
 HERE = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.diagnose import diagnose_path
+from detectors.diagnose.doctor import diagnose_path
 from tests.diagnose.streampath import stream_incidents, stream_kind
 
 FAM = Path(__file__).resolve().parents[1] / "fixtures" / "families"

@@ -22,12 +22,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.fleetsim.engine import simulate
-from collectors.fleetsim.plan import RunSpec
-from detectors.engine import DetectorEngine
+from detectors.engine.engine import DetectorEngine
 from fleethealth.bus import iter_jsonl
 from fleethealth.kafka_bus import KafkaBus
 from fleethealth.schema import Incident, decode_incident, decode_sample
+from simulator.engine import simulate
+from simulator.plan import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleethealth.cli", "--log-format", "json", *args]
+    return [sys.executable, "-m", "fleetcli.cli", "--log-format", "json", *args]
 
 
 @dataclass

@@ -21,9 +21,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from detectors.fixtures import HostSeries
 from fleethealth.kafka_bus import KafkaBus, ensure_topics
 from fleethealth.schema import XidEvent, encode
+from simulator.fixtures import HostSeries
 from tests.drills import harness as h
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.engine import DetectorEngine
+from detectors.engine.engine import DetectorEngine
 from detectors.ml import MODEL_DIR
 from detectors.registry import model_detectors
 from fleethealth.bus import iter_jsonl

@@ -35,8 +35,8 @@ from remediation.worker import RemediationWorker
 from tests.drills import harness as h
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]
-# Was xfail: state rebuild on assignment (detectors/worker.py) and per-host quiet periods
-# (detectors/engine.py, test_partition_skew.py) fixed the re-opened episodes.
+# Was xfail: state rebuild on assignment (detectors/worker/worker.py) and per-host quiet periods
+# (detectors/engine/engine.py, test_partition_skew.py) fixed the re-opened episodes.
 HOSTS, POLLS, INTERVAL = 500, 16, 30.0
 
 

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.parsers import PARSERS, parse_captures, parse_text
-from collectors.parsers.base import ParseError
-from collectors.parsers.detect import detect_format
-from collectors.parsers.sysfs_snapshot import parse_files, read_tree
-from detectors.diagnose import evaluate
+from detectors.diagnose.doctor import evaluate
+from parsers import PARSERS, parse_captures, parse_text
+from parsers.base import ParseError
+from parsers.detect import detect_format
+from parsers.sysfs_snapshot import parse_files, read_tree
 
 pytestmark = pytest.mark.drill
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "parsers"

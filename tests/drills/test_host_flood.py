@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from detectors.fixtures import HostSeries
 from fleethealth.kafka_bus import KafkaBus, ensure_topics
 from fleethealth.schema import DEADLETTER as DL_CODEC
 from fleethealth.schema import encode
+from simulator.fixtures import HostSeries
 from tests.drills import harness as h
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from detectors.engine import DetectorEngine
+from detectors.engine.engine import DetectorEngine
 from fleethealth.bus import iter_jsonl, partition_for
 from fleethealth.schema import Incident, decode_sample
 from tests.drills import harness as h
 
 pytestmark = pytest.mark.drill
 # Was xfail: tick() expired every host's episodes at fleet time (the max sample ts on any partition).
-# Fixed: quiet periods run on each host's own sample time (detectors/engine.py).
+# Fixed: quiet periods run on each host's own sample time (detectors/engine/engine.py).
 
 
 def _skewed(samples, chunk: int, seed: int) -> list[Incident]:

@@ -9,14 +9,14 @@ import msgspec
 import numpy as np
 import pytest
 
-from collectors.fleetsim.engine import simulate
-from collectors.fleetsim.plan import RunSpec
-from detectors.fastdecode import IncrementalDecoder
+from detectors.engine.fastdecode import IncrementalDecoder
 from detectors.ml import MODEL_DIR, load_peer, load_supervised
 from detectors.ml.features import FeatureStream, WindowFeatures
 from detectors.ml.supervised import STATE_MODES
 from fleethealth.bus import iter_jsonl
 from fleethealth.schema import GpuSample, NetPort, Sample, decode_sample
+from simulator.engine import simulate
+from simulator.plan import RunSpec
 from tests.ml.synth import fleet
 
 T0 = 1_767_225_600.0

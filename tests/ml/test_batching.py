@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detectors.engine import DetectorEngine
+from detectors.engine.engine import DetectorEngine
 from detectors.ml import load_ml_detectors, load_supervised
 from detectors.ml.features import GI, GPU_FEATURES, FeatureStream
 from detectors.ml.gate import FLOORS, Gate, learn_gate

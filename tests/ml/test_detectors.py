@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.finding import Finding
+from detectors.engine.finding import Finding
 from detectors.ml import load_peer, load_supervised
 from detectors.ml.train import TrainConfig, TrainResult, train
 from tests.ml.conftest import DURATION, synth_loader

@@ -12,7 +12,7 @@ import pytest
 
 from collectors import kernel_follow
 from collectors.kernel_follow import KernelLogFollower
-from collectors.kernel_log import MAX_LINE, KernelLineParser, month_number, parse_kernel_line, split_prefix
+from parsers.kernel_log import MAX_LINE, KernelLineParser, month_number, parse_kernel_line, split_prefix
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "kernel-lines"
 BOOT = 1_717_000_000.0
@@ -294,7 +294,7 @@ def test_terminal_colour_codes_are_dropped():
 def test_spoofed_syslog_file_through_follower_and_engine_raises_nothing(tmp_path):
     """security review F7's reproduction: a combined syslog file followed as the kernel log, where
     anyone who can reach sshd, run a job or call sudo writes text that looks like kernel failures."""
-    from detectors.engine import DetectorEngine
+    from detectors.engine.engine import DetectorEngine
     from fleethealth.schema import Sample
 
     log = tmp_path / "messages"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from collectors.kernel_follow import KernelLogFollower
-from collectors.parsers import kernel
+from parsers import kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / ".." / "shared" / "corpus"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.parsers import PARSERS, ParseError, detect_format, load, parse_captures, parse_text
-from collectors.parsers.mce import decode_status
 from fleethealth.schema import decode_sample, encode
+from parsers import PARSERS, ParseError, detect_format, load, parse_captures, parse_text
+from parsers.mce import decode_status
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "parsers"
 

@@ -1,4 +1,4 @@
-"""The Prometheus mapping table (collectors/parsers/prom_map.tsv) and the last-value Xid tracker.
+"""The Prometheus mapping table (parsers/prom_map.tsv) and the last-value Xid tracker.
 
 Every series the table maps is decoded from a line in dcgm-exporter's / node_exporter's real scrape
 shape (the label set is taken from the shared corpus's captures at test time); a series a scrape
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors.parsers import load, parse_text
-from collectors.parsers.prom import parse_metrics
-from collectors.parsers.prom_map import PromMapError, build, load_map, parse_map
-from collectors.parsers.prom_xid import XidGaugeTracker
 from fleethealth.schema import Sample, decode_sample, encode
+from parsers import load, parse_text
+from parsers.prom import parse_metrics
+from parsers.prom_map import PromMapError, build, load_map, parse_map
+from parsers.prom_xid import XidGaugeTracker
 
 CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus" / "dcgm-exporter"
 L40S = CORPUS / "l40s-upcloud-1gpu-healthy.prom"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.parsers import Parsed, parse_captures, sysfs_snapshot
-from collectors.parsers.sysfs_snapshot import parse_aer_counters
+from parsers import Parsed, parse_captures, sysfs_snapshot
+from parsers.sysfs_snapshot import parse_aer_counters
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "parsers"
 

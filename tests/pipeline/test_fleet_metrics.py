@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from fleetcli.fleet_metrics import CountingBus, FleetState, FleetStateCollector
 from fleethealth import metrics_names as m
 from fleethealth.bus import DEADLETTER, TELEMETRY, InProcessBus
-from fleethealth.fleet_metrics import CountingBus, FleetState, FleetStateCollector
 from fleethealth.schema import ActionRecord, Incident
 from tests.spine.sample_factory import sample
 

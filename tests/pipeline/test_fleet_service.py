@@ -20,9 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetcli.fleet_service import FleetMetricsService, Topics, sample_head
 from fleethealth import metrics_names as m
 from fleethealth.bus import ACTIONS, INCIDENTS, TELEMETRY, InProcessBus
-from fleethealth.fleet_service import FleetMetricsService, Topics, sample_head
 from fleethealth.schema import ContractError, encode, encode_packed
 from tests.pipeline.test_fleet_metrics import action, incident
 from tests.spine.sample_factory import sample

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleethealth.pipeline import RunOptions, run
+from fleetcli.pipeline import RunOptions, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = dict(simulate=True, hosts=12, duration="1h", interval=10.0, fault_rate=3000.0, seed=3, quiet=True)
@@ -60,7 +60,7 @@ def test_run_is_deterministic_for_a_seed(result) -> None:
 
 def test_cli_prints_summary_and_report(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "fleethealth.cli", "run", "--simulate", "--hosts", "4", "--duration", "20m",
+        [sys.executable, "-m", "fleetcli.cli", "run", "--simulate", "--hosts", "4", "--duration", "20m",
          "--fault-rate", "3000", "--seed", "1", "--score", "--report", str(tmp_path / "r"), "--quiet"],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -70,7 +70,7 @@ def test_cli_prints_summary_and_report(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_two_inputs(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "fleethealth.cli", "run", "--simulate", "--replay", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "fleetcli.cli", "run", "--simulate", "--replay", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "exactly one of" in out.stderr
 

@@ -25,7 +25,7 @@ def remediate(tmp: Path, bus: Path, crash: str | None) -> subprocess.CompletedPr
     if crash:
         env["FLEETHEALTH_TEST_CRASH_AFTER"] = crash
     return subprocess.run(
-        [sys.executable, "-m", "fleethealth.cli", "--log-format", "json", "remediate", "--bus", f"jsonl:{bus}",
+        [sys.executable, "-m", "fleetcli.cli", "--log-format", "json", "remediate", "--bus", f"jsonl:{bus}",
          "--scheduler", "slurm", "--state-db", str(tmp / "state.sqlite"), "--metrics-port", "0",
          "--exit-when-idle", "0.5"], env=env, capture_output=True, text=True, timeout=60)
 

@@ -92,7 +92,7 @@ def test_tickets_cli_list_show_close(tmp_path: Path) -> None:
     st.close()
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fleethealth.cli", "tickets", "--state-db", str(db), *args],
+        return subprocess.run([sys.executable, "-m", "fleetcli.cli", "tickets", "--state-db", str(db), *args],
                               capture_output=True, text=True, timeout=60)
 
     out = cli("list")

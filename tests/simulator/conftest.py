@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.fleetsim.engine import simulate, truth_path
-from collectors.fleetsim.plan import RunSpec
 from fleethealth.bus import read_values
 from fleethealth.schema import decode_sample
+from simulator.engine import simulate, truth_path
+from simulator.plan import RunSpec
 
 
 class Run:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.fleetsim.engine import side_path, simulate, truth_path
-from collectors.fleetsim.plan import RunSpec, parse_duration
 from fleethealth.errors import UserError
 from fleethealth.schema import decode_sample, encode
+from simulator.engine import side_path, simulate, truth_path
+from simulator.plan import RunSpec, parse_duration
 
 
 def _digest(p: Path) -> str:
@@ -100,7 +100,7 @@ def test_bad_arguments_are_user_errors() -> None:
 
 
 def test_cli_simulate_and_bad_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fleethealth.cli import main
+    from fleetcli.cli import main
 
     out = tmp_path / "x.jsonl.gz"
     assert main(["simulate", "--hosts", "2", "--duration", "10m", "--interval", "60", "--seed", "1",

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from collectors.fleetsim.limits import LIMITS
 from fleethealth.schema import GpuSample, Sample
 from fleethealth.taxonomy import FAULT_LABELS
+from simulator.limits import LIMITS
 
 HW_XIDS = {62, 109, 140, 143, 158}
 
@@ -169,10 +169,10 @@ def test_benign_noise_is_not_in_the_truth(every_mode_run) -> None:  # type: igno
 def test_hard_case_scenarios(tmp_path, scenario: str) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from collectors.fleetsim.engine import simulate, truth_path
-    from collectors.fleetsim.plan import RunSpec
     from fleethealth.bus import read_values
     from fleethealth.schema import decode_sample
+    from simulator.engine import simulate, truth_path
+    from simulator.plan import RunSpec
 
     out = tmp_path / "s.jsonl"
     simulate(RunSpec(hosts=8, duration_s=4 * 3600, interval_s=120, seed=2, fault_rate=1, scenario=scenario), out)
@@ -200,10 +200,10 @@ def test_slow_drift_creeps_and_ramps(tmp_path) -> None:  # type: ignore[no-untyp
     UCE comes after a corrected-error ramp."""
     import json
 
-    from collectors.fleetsim.engine import simulate, truth_path
-    from collectors.fleetsim.plan import RunSpec
     from fleethealth.bus import read_values
     from fleethealth.schema import decode_sample
+    from simulator.engine import simulate, truth_path
+    from simulator.plan import RunSpec
 
     out = tmp_path / "d.jsonl"
     simulate(RunSpec(hosts=12, duration_s=10 * 3600, interval_s=120, seed=3, scenario="slow-drift"), out)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collectors.fleetsim import fastpath
-from collectors.fleetsim.engine import Simulation
-from collectors.fleetsim.plan import RunSpec
 from fleethealth.schema import decode_sample, encode
+from simulator import fastpath
+from simulator.engine import Simulation
+from simulator.plan import RunSpec
 
 
 def _blocks(spec: RunSpec, fast: bool) -> tuple[bytes, object]:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy.stats import poisson
 
-from collectors.fleetsim.plan import RunSpec, expected_faults, plan_faults
-from collectors.fleetsim.rates import DEFAULT_RATES, LLAMA3_HOST_HOURS, llama3_counts
-from collectors.fleetsim.timeline import Timeline
 from fleethealth.taxonomy import FAULT_LABELS
+from simulator.plan import RunSpec, expected_faults, plan_faults
+from simulator.rates import DEFAULT_RATES, LLAMA3_HOST_HOURS, llama3_counts
+from simulator.timeline import Timeline
 
 
 def test_rates_reproduce_llama3_table() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors.fleetsim.engine import simulate
-from collectors.fleetsim.plan import RunSpec
-from collectors.fleetsim.replay import replay_file
 from fleethealth.bus import DEADLETTER, TELEMETRY, InProcessBus, JsonlBus, read_values
 from fleethealth.schema import decode_sample
+from simulator.engine import simulate
+from simulator.plan import RunSpec
+from simulator.replay import replay_file
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_scaled_real_time_paces_by_sample_ts(rec: Path) -> None:
 def test_cli_replay_json(rec: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from fleethealth.cli import main
+    from fleetcli.cli import main
 
     assert main(["replay", str(rec), "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -105,14 +105,14 @@ def test_cli_replay_json(rec: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_score_without_scoring_says_so(rec: Path, capsys: pytest.CaptureFixture[str]) -> None:
     try:
-        import detectors.scoring  # noqa: F401
+        import detectors.scoring.scoring  # noqa: F401
     except ImportError:
-        from fleethealth.cli import main
+        from fleetcli.cli import main
 
         assert main(["replay", str(rec), "--score"]) == 2
         assert "scoring not installed" in capsys.readouterr().err
     else:
-        pytest.skip("detectors.scoring is installed; its own tests cover --score")
+        pytest.skip("detectors.scoring.scoring is installed; its own tests cover --score")
 
 
 def test_gz_and_plain_replay_the_same(rec: Path, tmp_path: Path) -> None:

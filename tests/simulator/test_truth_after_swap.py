@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from collectors.fleetsim.engine import simulate
-from collectors.fleetsim.faults import KIND
-from collectors.fleetsim.plan import RunSpec
 from fleethealth.bus import iter_jsonl
 from fleethealth.schema import decode_sample
+from simulator.engine import simulate
+from simulator.faults import KIND
+from simulator.plan import RunSpec
 
 
 def test_every_gpu_fault_names_a_gpu_the_host_reports_during_the_fault(tmp_path: Path) -> None:

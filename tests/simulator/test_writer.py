@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.fleetsim.writer import ChunkWriter
 from fleethealth.bus import read_values
+from simulator.writer import ChunkWriter
 
 
 class Small(ChunkWriter):
@@ -60,7 +60,7 @@ def test_bad_level_and_worker_errors_are_raised(tmp_path: Path) -> None:
 
 
 def test_write_all_spans_many_writev_batches(tmp_path: Path) -> None:
-    from collectors.fleetsim.writer import IOV_MAX, write_all
+    from simulator.writer import IOV_MAX, write_all
 
     parts = [b"%d," % i for i in range(3 * IOV_MAX + 7)] + [b""]
     p = tmp_path / "v.bin"

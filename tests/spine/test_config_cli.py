@@ -1,8 +1,8 @@
 
 import pytest
 
+from fleetcli.cli import build_parser, main
 from fleethealth.bus import InProcessBus, JsonlBus
-from fleethealth.cli import build_parser, main
 from fleethealth.config import ConfigError, KafkaSettings, load_config, open_bus, section
 
 

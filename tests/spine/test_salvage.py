@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from detectors.engine import DetectorEngine
+from detectors.engine.engine import DetectorEngine
 from fleethealth.salvage import MAX_REMOVED, has_long_digits, removed_fields
 from fleethealth.schema import PID_MAX, ContractError, XidEvent, decode_sample, encode, encode_packed
 from tests.spine.sample_factory import sample

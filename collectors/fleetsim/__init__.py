@@ -1,2 +1,0 @@
-"""A seeded, reproducible GPU-fleet simulator producing contract telemetry with ground truth, and
-the replay of recordings into the bus. See ``collectors/fleetsim/rates.py`` for the fault rates."""

@@ -1,0 +1,1 @@
+"""``fleethealth diagnose``: the offline doctor for captured artifacts."""

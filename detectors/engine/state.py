@@ -1,0 +1,231 @@
+"""Per-host state: counter deltas that survive resets and wraps, event windows, flapping,
+persistence, staleness and fleet baselines. Pure values in, values out; time is always the
+sample's timestamp, never the wall clock, so a replay behaves exactly like live traffic.
+
+Memory is bounded per host: windows keep only non-zero increments and merge their oldest entries
+past ``MAX_WINDOW_EVENTS``; per-component maps are keyed by the finite set of components a host
+reports (bounded by the schema's list limits).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+U32 = 1 << 32
+U64 = 1 << 64
+# Values that mean "at least this many": the counter stopped counting (IB PMA counters are 8/16/32
+# bit and saturate; NVML and sysfs report all-ones for "unavailable" on some devices).
+SATURATED = frozenset({0xFF, 0xFFFF, U32 - 1, U64 - 1})
+
+
+def _load_widths() -> dict[str, int]:
+    raw = yaml.safe_load(resources.files("detectors.engine").joinpath("counters.yaml").read_text()) or {}
+    widths = raw.get("widths") or {}
+    bad = [k for k, v in widths.items() if not isinstance(v, int) or not 1 <= v <= 64]
+    if bad:
+        raise ValueError(f"detectors/engine/counters.yaml: widths must be 1..64 bits: {bad}")
+    return {str(k): int(v) for k, v in widths.items()}
+
+
+WIDTHS = _load_widths()  # counter name -> bits (detectors/engine/counters.yaml)
+
+
+def saturation(name: str) -> frozenset[int]:
+    """The values at which counter ``name`` has stopped counting."""
+    bits = WIDTHS.get(name)
+    return frozenset({(1 << bits) - 1}) if bits is not None else SATURATED
+_WRAP_NEAR = {32: U32 - (1 << 28), 64: U64 - (1 << 60)}
+MAX_WINDOW_EVENTS = 256
+
+
+@dataclass(slots=True)
+class CounterStep:
+    """The outcome of one counter observation."""
+
+    delta: int
+    note: str = ""  # "", "baseline", "reset", "wrap", "saturated"
+
+
+def counter_delta(prev: int | None, new: int | None, *, epoch_changed: bool = False,
+                  saturated: frozenset[int] = SATURATED) -> CounterStep:
+    """How much a raw counter advanced between two observations.
+
+    * first sight (``prev`` is None): baseline, delta 0;
+    * backwards: a reset (reboot, driver reload, GPU reset, counter clear) — new baseline and the
+      new value counts as the increase since the reset; except near 2^32 / 2^64 where it is a wrap
+      (never across a boot or driver change: then it is always a reset);
+    * a saturated value (``saturated``: by default 255, 65535, 2^32-1, 2^64-1; a named counter's
+      width from detectors/engine/counters.yaml via :func:`saturation`) counts once as "at least" and then
+      stays quiet.
+    """
+    if new is None:
+        return CounterStep(0, "missing")
+    if prev is None:
+        return CounterStep(0, "baseline")
+    if new >= prev:
+        if new == prev:
+            return CounterStep(0)
+        return CounterStep(new - prev, "saturated" if new in saturated else "")
+    if prev in saturated:
+        return CounterStep(new, "reset")  # a saturated counter does not wrap: it was cleared
+    if not epoch_changed:
+        for bits, near in _WRAP_NEAR.items():
+            if near <= prev < (1 << bits) and new < (1 << (bits - 4)):
+                return CounterStep((1 << bits) - prev + new, "wrap")
+    return CounterStep(new, "reset")
+
+
+class EventWindow:
+    """Increments with their timestamps, summed over a trailing window (sample time)."""
+
+    __slots__ = ("events", "total")
+
+    def __init__(self) -> None:
+        self.events: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def add(self, ts: float, n: int) -> None:
+        if n <= 0:
+            return
+        self.events.append((ts, n))
+        self.total += n
+        if len(self.events) > MAX_WINDOW_EVENTS:
+            (t0, a), (_, b) = self.events.popleft(), self.events.popleft()
+            self.events.appendleft((t0, a + b))  # merge the two oldest: bounded, sum kept
+
+    def sum(self, now: float, window_s: float) -> int:
+        cut = now - window_s
+        ev = self.events
+        while ev and ev[0][0] <= cut:
+            self.total -= ev.popleft()[1]
+        return self.total
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.total = 0
+
+
+class FlapCounter:
+    """State changes within a trailing window."""
+
+    __slots__ = ("last", "changes")
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.changes: deque[float] = deque(maxlen=MAX_WINDOW_EVENTS)
+
+    def observe(self, ts: float, value: Any, window_s: float) -> int:
+        if self.last is not None and value != self.last:
+            self.changes.append(ts)
+        self.last = value
+        cut = ts - window_s
+        while self.changes and self.changes[0] <= cut:
+            self.changes.popleft()
+        return len(self.changes)
+
+
+@dataclass(slots=True)
+class HostState:
+    """Everything the rules remember about one host."""
+
+    host: str
+    cluster: str = "default"
+    rack: str = ""
+    last_seq: int = -1
+    last_ts: float = 0.0
+    boot_id: str = ""
+    driver: str = ""
+    epoch_changed: bool = False  # this sample starts a new boot / driver epoch
+    interval_s: float = 0.0  # EWMA of the poll interval
+    samples: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+    resets: int = 0
+    seq_restarts: int = 0
+    # (scope, component) -> that component's rule memory (a list of slots, see detectors.engine.ruleset)
+    slots: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
+    pos: list[list[Any]] = field(default_factory=list)  # per scope: component memory by position
+    # per scope: [the sample list last evaluated, any component live then] (see detectors.engine.codegen)
+    gates: list[list[Any]] = field(default_factory=list)
+    snapshot: bool = False  # stateless evaluation: counters count from zero
+    facts: list[Any] = field(default_factory=list)  # snapshot only: parsed facts of the capture
+    notes: list[str] = field(default_factory=list)  # bounded: last few state notes
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if len(self.notes) > 16:
+            del self.notes[:-16]
+
+
+class Admission:
+    """Order guard, reading a sequence number with the boot id and time: drop a redelivered sample
+    (same or older seq, not newer in time), note epoch changes, and take a seq that went back with
+    newer time as the collector restarting its count (a lost or torn state file, a jump to 2**64-1
+    and back, a reinstall): counted in ``seq_restarts``, never a reason to drop what follows."""
+
+    DROP_DUPLICATE = "duplicate"
+    DROP_STALE = "out_of_order"
+    SEQ_RESTART = "seq_restart"
+
+    @staticmethod
+    def admit(st: HostState, seq: int, ts: float, boot_id: str, driver: str) -> str:
+        """Return "" to process the sample, or the reason to skip it (and count it)."""
+        new_epoch = bool(st.samples) and ((boot_id and boot_id != st.boot_id) or (driver and driver != st.driver))
+        if not new_epoch and st.samples and seq <= st.last_seq:
+            if ts <= st.last_ts:  # not newer than what this host already said: a redelivery
+                if seq == st.last_seq:
+                    st.duplicates += 1
+                    return Admission.DROP_DUPLICATE
+                st.out_of_order += 1
+                return Admission.DROP_STALE
+            st.seq_restarts += 1  # newer time, seq not past the last: the count restarted
+            st.note(f"seq restart at ts={ts:.0f}: {st.last_seq} -> {seq} on the same boot")
+        if st.samples and ts > st.last_ts:
+            gap = ts - st.last_ts
+            st.interval_s = gap if st.interval_s == 0 else 0.8 * st.interval_s + 0.2 * min(gap, 10 * st.interval_s)
+        st.epoch_changed = new_epoch
+        if new_epoch:
+            st.resets += 1
+            st.note(f"epoch change at ts={ts:.0f}: boot_id {st.boot_id!r}->{boot_id!r}, "
+                    f"driver {st.driver!r}->{driver!r}; counters re-baselined")
+        st.last_seq, st.last_ts = seq, max(ts, st.last_ts)
+        st.boot_id, st.driver = boot_id or st.boot_id, driver or st.driver
+        st.samples += 1
+        return ""
+
+
+class FleetBaseline:
+    """Per-component rates across the hosts this worker owns; percentiles recomputed at most
+    every ``refresh_s`` of sample time (a worker sees its partitions' hosts: a fleet sample)."""
+
+    def __init__(self, refresh_s: float = 60.0) -> None:
+        self.rates: dict[tuple[str, str], float] = {}
+        self.refresh_s = refresh_s
+        self._cache: dict[float, float] = {}
+        self._at = -1e18
+
+    def set(self, host: str, component: str, rate: float) -> None:
+        if rate > 0:
+            self.rates[(host, component)] = rate
+        else:
+            self.rates.pop((host, component), None)
+
+    def percentile(self, q: float, now: float, population: int) -> float:
+        """Rate at percentile q over ``population`` components (zeros are implicit)."""
+        if now - self._at >= self.refresh_s:
+            self._cache.clear()
+            self._at = now
+        if q in self._cache:
+            return self._cache[q]
+        vals = sorted(self.rates.values())
+        n = max(population, len(vals))
+        zeros = n - len(vals)
+        idx = int(q / 100.0 * (n - 1))
+        v = 0.0 if idx < zeros else vals[idx - zeros]
+        self._cache[q] = v
+        return v

@@ -1,0 +1,1 @@
+"""Scoring a run against its ground truth, and the scorecard report."""

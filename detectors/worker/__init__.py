@@ -1,0 +1,1 @@
+"""The Kafka detect worker: consume telemetry, run the engine, publish incidents, commit."""

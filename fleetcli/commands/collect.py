@@ -1,0 +1,210 @@
+"""Subcommands of the collectors part: ``fleethealth collect``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from fleethealth.cliutil import flag
+from fleethealth.errors import ServiceUnavailable, UserError
+
+log = logging.getLogger("fleethealth.collect")
+
+COLLECT_HELP = """\
+Run the per-host collector: every --interval seconds read NVML (per-GPU ECC by location, remapped
+rows, retired pages, PCIe, NVLink, temperature, power, throttle reasons, Xid events), sysfs (PCIe
+AER and link, InfiniBand/RoCE ports, EDAC) and the kernel log (Xid, fallen off the bus, AER, EDAC,
+MCE lines), and publish one sample per poll to the sink. Samples are spooled on disk first and
+sent in order, so a Kafka outage loses nothing (up to --spool-max-mb). Prometheus metrics are
+served on --exporter-address:--exporter-port (127.0.0.1:9400 by default). SIGTERM flushes the spool and saves the sequence number.
+
+  fleethealth collect --simulate --once --sink stdout      # one simulated 8-GPU sample, no GPU needed
+  fleethealth collect --simulate --inject gpu_dram_uce@3 --once --sink stdout   # ... with a fault
+  fleethealth collect --sink kafka:10.0.0.5:9092 --expected-gpus 8
+"""
+
+
+def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
+    p = sub.add_parser("collect", help="run the per-host collector daemon", description=COLLECT_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    flag(p, "--simulate", action="store_true", help="use the simulated NVML and a built-in simulated host tree")
+    flag(p, "--once", action="store_true", help="take one sample, deliver it, exit")
+    flag(p, "--sink", default="stdout", help="kafka | kafka:HOST:PORT | stdout | jsonl:PATH (Kafka: with the "
+         "config's [kafka] bootstrap, client_id, compression and security (SASL/TLS) settings)")
+    flag(p, "--identity-key", metavar="FILE", help="this host's key (fleethealth identity-key HOST, hex, mode 600): "
+         "every Kafka record is signed with it, for detect --identity-secret")
+    flag(p, "--topic", default="fleet.telemetry.v1", help="Kafka / JSONL topic for samples")
+    flag(p, "--interval", type=float, default=10.0, help="seconds between polls")
+    flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
+    flag(p, "--polls", type=int, default=0, help="stop after this many polls (0 = run until SIGTERM)")
+    flag(p, "--host", default=socket.gethostname(), help="host name in samples (the Kafka key)")
+    flag(p, "--cluster", default="default", help="cluster name in samples")
+    flag(p, "--rack", default="", help="rack name in samples")
+    flag(p, "--expected-gpus", type=int, default=0, help="GPUs this host should have (0 = do not check)")
+    flag(p, "--sysfs-root", default=None, help="sysfs root to read (default /sys; a fixture tree in tests)")
+    flag(p, "--proc-root", default=None, help="procfs root for boot_id and btime (default /proc)")
+    flag(p, "--kmsg-file", default=None, help="kernel log to follow: /dev/kmsg (default), a log file, or 'journal' "
+         "(journalctl -k -f, for hosts where /dev/kmsg cannot be read)")
+    flag(p, "--state-dir", default=None, help="sequence number, kernel-log position (default /var/lib/fleethealth)")
+    flag(p, "--spool-dir", default=None, help="on-disk spool (default STATE_DIR/spool)")
+    flag(p, "--spool-max-mb", type=float, default=256.0, help="spool bound; past it the oldest samples drop")
+    flag(p, "--nvml-timeout", type=float, default=2.0, help="deadline for one GPU's NVML reads, seconds")
+    flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port (0 disables)")
+    flag(p, "--exporter-address", default="127.0.0.1",
+         help="exporter listen address (0.0.0.0 where a central Prometheus scrapes the host or pod)")
+    p.add_argument("--source", action="append", default=[], metavar="KIND=URL",
+                   help="scrape a local exporter instead of a builtin reader, repeatable: dcgm-exporter=URL "
+                        "(GPUs, instead of NVML), node-exporter=URL (InfiniBand ports, EDAC, boot id, instead "
+                        "of the sysfs readers) [env: FLEETHEALTH_SOURCE, comma-separated]")
+    flag(p, "--scrape-timeout", type=float, default=5.0, help="deadline of one --source scrape, seconds")
+    flag(p, "--sim-gpus", type=int, default=8, help="GPUs on the simulated host")
+    flag(p, "--sim-seed", type=int, default=0, help="seed of the simulated host")
+    p.add_argument("--inject", action="append", default=[], metavar="MODE[@GPU]",
+                   help="with --simulate: inject a failure mode (vocabulary label) on GPU N (0 by default; "
+                        "IB port N for net_*) before the first poll; repeatable "
+                        "[env: FLEETHEALTH_INJECT, comma-separated]")
+    p.set_defaults(func=run_collect)
+
+
+def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | None = None) -> Any:
+    from collectors.sinks import JsonlSink, KafkaSink, StdoutSink
+
+    if identity_key and not (spec == "kafka" or spec.startswith("kafka:")):
+        raise UserError("--identity-key signs Kafka records (headers): use it with --sink kafka")
+
+    if spec == "stdout":
+        return StdoutSink()
+    if spec.startswith("jsonl:"):
+        if not spec[6:]:
+            raise UserError("--sink jsonl: needs a path, e.g. jsonl:out/telemetry.jsonl")
+        return JsonlSink(spec[6:], topic)
+    if spec == "kafka" or spec.startswith("kafka:"):
+        from fleethealth.config import kafka_settings, load_config
+        from fleethealth.identity import read_key_file
+
+        ks = kafka_settings(load_config(config))
+        bootstrap = spec[6:] if spec.startswith("kafka:") else ks.bootstrap
+        key = read_key_file(identity_key, "--identity-key") if identity_key else None
+        return KafkaSink(bootstrap, topic, identity_key=key, security=ks.security, compression=ks.compression,
+                         client_id=f"{ks.client_id}-collector")
+    raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
+
+
+def _inject(args: argparse.Namespace, nvml: Any, sys_root: Path) -> None:
+    from simulator import inject
+
+    specs = [*args.inject, os.environ.get("FLEETHEALTH_INJECT", "")]
+    for inj in inject.parse(specs, args.sim_gpus):
+        inject.apply([inj], nvml, sys_root)
+        log.info("injected %s on %s %d", inj.mode, "port" if inj.mode.startswith("net_") else "GPU", inj.gpu)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    from collectors.daemon import Collector, CollectorSettings
+    from collectors.exporter import SampleMetrics, load_catalog, start_exporter
+
+    state_dir = args.state_dir
+    sysfs, proc, kmsg = args.sysfs_root, args.proc_root, args.kmsg_file
+    nvml: Any
+    specs = _source_specs(args)
+    if args.simulate and specs:
+        raise UserError("--source scrapes a real exporter; it does not combine with --simulate")
+    sources = [spec for spec in specs if spec[0] == "dcgm-exporter"]
+    if args.simulate:
+        from simulator.host import build_sim_host
+        from simulator.nvml import SimNvml
+
+        state_dir = state_dir or tempfile.mkdtemp(prefix="fleethealth-sim-")
+        paths = build_sim_host(Path(state_dir) / "simhost", n_gpus=args.sim_gpus)
+        sysfs, proc, kmsg = sysfs or str(paths["sys"]), proc or str(paths["proc"]), kmsg or str(paths["kmsg"])
+        nvml = SimNvml(args.sim_gpus, seed=args.sim_seed, host=args.host)
+        expected = args.expected_gpus or args.sim_gpus
+        _inject(args, nvml, paths["sys"])
+    elif sources:
+        nvml, expected = None, args.expected_gpus  # dcgm-exporter stands in for NVML
+        if args.inject or os.environ.get("FLEETHEALTH_INJECT"):
+            raise UserError("--inject needs --simulate (faults go into the simulated host)")
+    else:
+        if args.inject or os.environ.get("FLEETHEALTH_INJECT"):
+            raise UserError("--inject needs --simulate (faults go into the simulated host)")
+        try:
+            import pynvml as nvml
+        except ImportError as exc:
+            raise ServiceUnavailable("pynvml (nvidia-ml-py) is not installed; use --simulate") from exc
+        expected = args.expected_gpus
+    settings = CollectorSettings(
+        host=args.host, cluster=args.cluster, rack=args.rack, expected_gpus=expected, interval=args.interval,
+        jitter=args.jitter, sysfs_root=sysfs or "/sys", proc_root=proc or "/proc", kmsg_path=kmsg or "/dev/kmsg",
+        state_dir=state_dir or "/var/lib/fleethealth", spool_dir=args.spool_dir,
+        spool_max_bytes=int(args.spool_max_mb * (1 << 20)), call_timeout=args.nvml_timeout,
+    )
+    try:
+        Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create --state-dir {settings.state_dir}: {exc}") from exc
+    metrics = SampleMetrics(load_catalog())
+    from collectors.prom_source import PromScrapeSource
+
+    scrapers = [PromScrapeSource(kind, url, timeout=args.scrape_timeout, state_dir=settings.state_dir)
+                for kind, url in specs]
+    collector = Collector(settings, sink=_sink(args.sink, args.topic, getattr(args, "config", None), args.identity_key),
+                          nvml=nvml, on_sample=metrics.update, sources=scrapers)
+    metrics.stats_fn = lambda: _stats(collector)
+    server = start_exporter(metrics, 0 if args.once else args.exporter_port, args.exporter_address)
+    stop = threading.Event()
+
+    def _term(signum: int, _frame: Any) -> None:
+        log.info("stopping on signal", extra={"signal": signum})
+        stop.set()
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        if args.simulate:
+            collector.on_sample = lambda s: (metrics.update(s), nvml.tick())
+        collector.run(stop, max_polls=1 if args.once else (args.polls or None))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        ok = collector.flush(30.0 if args.once else 10.0)
+        left = collector.pending()
+        collector.close(flush_timeout=0)
+        if server is not None:
+            server.shutdown()
+    if not ok:
+        log.warning("samples left in the spool; they are sent on the next start", extra={"spooled": left})
+    log.info("collector stopped", extra={"polls": collector.stats.polls, "next_seq": collector.seq})
+    return 0 if ok or not args.once else 3
+
+
+def _source_specs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    from collectors.prom_source import parse_source_spec
+
+    raw = [*args.source, *(x for x in os.environ.get("FLEETHEALTH_SOURCE", "").split(",") if x.strip())]
+    out = []
+    for spec in raw:
+        try:
+            out.append(parse_source_spec(spec.strip()))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    kinds = [k for k, _ in out]
+    if len(kinds) != len(set(kinds)):
+        raise UserError("--source: one dcgm-exporter and one node-exporter at most")
+    return out
+
+
+def _stats(c: Any) -> dict[str, Any]:
+    s = c.stats
+    return {
+        "last_poll_seconds": s.last_poll_seconds, "source_errors": dict(s.source_errors),
+        "spool_depth": c.pending(), "spool_dropped": c.spool.dropped + s.memory_dropped,
+        "spool_corrupt": c.spool.corrupt, "spool_write_errors": c.spool.write_errors + s.state_write_errors, "polls": s.polls,
+        "samples_sent": s.samples_sent, "last_sample_ts": s.last_sample_ts,
+    }
