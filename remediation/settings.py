@@ -124,6 +124,13 @@ class CommonCauseSettings(_S):
         default_factory=lambda: {k: list(v) for k, v in DEFAULT_COMMON_CAUSE_MODES.items()})
 
 
+class JobSettings(_S):
+    """``[jobs]`` (remediation/jobs.py): what a drain does to the jobs on the node."""
+
+    deadline_s: Annotated[float, Meta(ge=60.0, le=7 * DAY)] = 4 * 3600.0  # predictive: jobs may finish until
+    squeue: str = "squeue"
+
+
 class AllSettings(_S):
     remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     guards: GuardSettings = msgspec.field(default_factory=GuardSettings)
@@ -131,6 +138,7 @@ class AllSettings(_S):
     kubernetes: KubeSettings = msgspec.field(default_factory=KubeSettings)
     tickets: TicketSettings = msgspec.field(default_factory=TicketSettings)
     common_cause: CommonCauseSettings = msgspec.field(default_factory=CommonCauseSettings)
+    jobs: JobSettings = msgspec.field(default_factory=JobSettings)
 
 
 REMOVED = {
@@ -150,7 +158,7 @@ def _finite(cfg: Config, where: str, data: Any) -> None:
 
 def load_settings(cfg: Config | None = None) -> AllSettings:
     cfg = cfg or Config({}, None)
-    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets", "common_cause"):
+    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets", "common_cause", "jobs"):
         _finite(cfg, f"[{name}]", cfg.raw.get(name, {}))
     for key, why in REMOVED.items():
         if key in cfg.raw.get("guards", {}):
@@ -162,6 +170,7 @@ def load_settings(cfg: Config | None = None) -> AllSettings:
         kubernetes=cfg.section("kubernetes", KubeSettings),
         tickets=cfg.section("tickets", TicketSettings),
         common_cause=cfg.section("common_cause", CommonCauseSettings),
+        jobs=cfg.section("jobs", JobSettings),
     )
     for name in ("reset_gpu", "reboot", "alert", "annotate"):
         spec = getattr(s.remediation.hooks, name)

@@ -32,16 +32,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from fleethealth.bus import ACTIONS, DEADLETTER, Bus, Consumer, Record
-from fleethealth.schema import ActionRecord, DeadLetter, Incident, decode_incident, encode
+from fleethealth.schema import ActionRecord, DeadLetter, Evidence, Incident, decode_incident, encode
 from remediation import guards
 from remediation.common_cause import DETECTOR as CC_DETECTOR
 from remediation.common_cause import CommonCause
 from remediation.drainer import Drainer
 from remediation.hooks import OperatorHooks
+from remediation.jobs import Job, JobControl, SlurmJobs, urgency_of
 from remediation.metrics import RemediationMetrics
 from remediation.policy import History, Policy, load_policy
-from remediation.scheduler import DryRunScheduler, NoScheduler, Scheduler, expand_hostlist
+from remediation.scheduler import (
+    DryRunScheduler,
+    NoScheduler,
+    Scheduler,
+    SchedulerError,
+    drain_reason,
+    expand_hostlist,
+)
 from remediation.settings import AllSettings
 from remediation.store import FINAL, RemediationStore
 from remediation.tickets import TicketStore, WebhookSink, discard_outbox
@@ -87,6 +97,9 @@ class RemediationWorker:
         self.consumer_name = consumer_name
         self.crash_after = os.environ.get(CRASH_ENV, "")
         self.drainer = Drainer(self)
+        slurm = self.real_scheduler.name == "slurm"
+        self.job_control = JobControl(store.conn, SlurmJobs(self.real_scheduler, self.settings.jobs.squeue)
+                                      if slurm else None)
         topo = topology if topology is not None else self._topology()
         self.common_cause = CommonCause(store.conn, topo, self.settings.common_cause) if len(topo) else None
         self.dead_letter_count = 0
@@ -197,7 +210,12 @@ class RemediationWorker:
         out: list[ActionRecord] = []
         for action in decision.actions:
             if action == "drain":
-                out += self.drainer.drain(inc, decision.reason)
+                recs = self.drainer.drain(inc, decision.reason)
+                out += recs
+                if any(r.kind == "drain" and r.outcome in ("done", "dry_run") and "step" not in r.details
+                       for r in recs):
+                    job_recs, inc = self.after_drain(inc, urgency_of(inc.severity, decision.urgency))
+                    out += job_recs  # and the ticket below carries the job ids
             elif action in ("reset_gpu", "reboot"):
                 out += self.hook_request(inc, action, decision.reason)
             elif action == "ticket":
@@ -337,13 +355,100 @@ class RemediationWorker:
     def tick(self) -> list[ActionRecord]:
         """Periodic work: settled incidents, common causes closed by their ticket, queued
         drains/evictions, resumes after repair, webhook delivery, gauges."""
-        out = self.common_cause_tick() + self.drainer.process_queue() + self.drainer.check_resumes()
+        out = (self.common_cause_tick() + self.drainer.process_queue() + self.job_deadlines_tick()
+               + self.drainer.check_resumes())
         if self.sink is not None:
             self.sink.deliver()
         else:
             with self.store.tx() as c:
                 discard_outbox(c)
         self.update_gauges()
+        return out
+
+    # ------------------------------------------------------------------ jobs on a drained node
+
+    def after_drain(self, inc: Incident, urgency: str) -> tuple[list[ActionRecord], Incident]:
+        """Fatal: requeue the node's jobs, then DOWN. Predictive: let them finish until the deadline.
+        Returns the records and the incident with the job ids added to its evidence."""
+        jc = self.job_control
+        if jc.jobs is None:
+            return [], inc
+        node = self.scheduler.node_name(inc.host)
+        try:
+            jobs = jc.jobs.on_node(node)
+        except SchedulerError as exc:
+            return [self.emit(inc, "drain", node, "failed", f"could not list the jobs on {node}: {exc}",
+                              key=f"{inc.id}|jobs|{node}", details={"step": "jobs"})], inc
+        now = self.clock()
+        ids = ", ".join(j.describe() for j in jobs) or "none"
+        inc = msgspec.structs.replace(inc, evidence=[*inc.evidence[:255], Evidence(
+            fact=f"jobs on {node} when it was drained ({urgency}): {ids}"[:4000], ts=now)])
+        out: list[ActionRecord] = []
+        if urgency == "predictive":
+            if jobs:
+                key = f"{inc.id}|deadline|{node}"
+                if self.decided(key) is None:
+                    due = now + self.settings.jobs.deadline_s
+                    out.append(self.emit(inc, "drain", node, "dry_run" if self.dry_run else "done",
+                                         f"predictive drain: jobs {', '.join(j.id for j in jobs)} may finish; "
+                                         f"those still running at the deadline ({self.settings.jobs.deadline_s:.0f} s) "
+                                         "are requeued", key=key,
+                                         details={"step": "deadline", "jobs": ",".join(j.id for j in jobs), "node": node},
+                                         in_tx=None if self.dry_run else
+                                         (lambda: jc.watch(node, inc.id, due, jobs, encode(inc).decode()))))
+            return out, inc
+        for j in jobs:
+            out += self._requeue(inc, node, j, "fatal fault: the job cannot go on on this node")
+        key = f"{inc.id}|down|{node}"
+        # DOWN cuts off whatever did not leave with the requeue; a node with no job stays DRAINed
+        if jobs and self.decided(key) not in FINAL:
+            if self.dry_run:
+                out.append(self.emit(inc, "drain", node, "dry_run", f"would set {node} DOWN", key=key,
+                                     details={"step": "down", "node": node}))
+            else:
+                try:
+                    jc.jobs.down(node, drain_reason(inc.id, inc.failure_mode))
+                    out.append(self.emit(inc, "drain", node, "done", f"set {node} DOWN after requeueing its jobs: "
+                                         "nothing is placed on it until it is resumed", key=key,
+                                         details={"step": "down", "node": node}))
+                except SchedulerError as exc:
+                    out.append(self.emit(inc, "drain", node, "failed", f"could not set {node} DOWN: {exc}", key=key,
+                                         details={"step": "down", "node": node}))
+        return out, inc
+
+    def _requeue(self, inc: Incident, node: str, job: Job, why: str) -> list[ActionRecord]:
+        assert self.job_control.jobs is not None
+        key = f"{inc.id}|requeue|{job.id}"
+        if self.decided(key) in FINAL:
+            return []
+        details = {"step": "requeue", "job": job.id, "user": job.user, "node": node}
+        if self.dry_run:
+            return [self.emit(inc, "drain", f"job:{job.id}", "dry_run", f"would requeue job {job.id}: {why}", key=key,
+                              details=details)]
+        try:
+            self.job_control.jobs.requeue(job.id)
+        except SchedulerError as exc:
+            return [self.emit(inc, "drain", f"job:{job.id}", "failed", f"requeue of job {job.id} failed: {exc}",
+                              key=key, details=details)]
+        return [self.emit(inc, "drain", f"job:{job.id}", "done", f"requeued job {job.id} from {node}: {why}", key=key,
+                          details=details)]
+
+    def job_deadlines_tick(self) -> list[ActionRecord]:
+        jc = self.job_control
+        if jc.jobs is None:
+            return []
+        out: list[ActionRecord] = []
+        for node, incident_id, payload in jc.due(self.clock()):
+            inc = decode_incident(payload)
+            if self.store.drain_of(node) is not None:  # still drained by us: what still runs goes
+                try:
+                    jobs = jc.jobs.on_node(node)
+                except SchedulerError:
+                    continue  # retried next tick
+                for j in jobs:
+                    out += self._requeue(inc, node, j, "predictive drain's deadline passed")
+            with self.store.tx():
+                jc.done(node, incident_id)
         return out
 
     # ------------------------------------------------------------------ common causes

@@ -29,7 +29,8 @@ MATCH_KEYS = ("failure_mode", "severity", "nvidia_bucket", "xid", "min_confidenc
               "common_cause")
 COMMON_CAUSE_ROLES = ("parent", "child", "none")
 HISTORY_SCOPES = ("component", "host")
-RULE_KEYS = ("name", "match", "actions", "ticket_priority", "reason")
+RULE_KEYS = ("name", "match", "actions", "ticket_priority", "reason", "urgency")
+URGENCIES = ("fatal", "predictive")  # what a drain does to the node's jobs (remediation/jobs.py)
 DEFAULT_POLICY = "remediation/policy/default.yaml"
 
 
@@ -73,6 +74,7 @@ class Rule:
     reason: str
     detectors: tuple[str, ...] | None = None  # prefixes of Incident.detector, e.g. "model:"
     common_cause: str | None = None  # parent | child | none
+    urgency: str | None = None  # fatal | predictive; None: fatal when critical
 
     def matches(self, inc: Incident, hist: History) -> bool:
         if self.detectors is not None and not inc.detector.startswith(self.detectors):
@@ -101,6 +103,7 @@ class Decision:
     actions: tuple[str, ...]
     ticket_priority: str
     reason: str
+    urgency: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +124,7 @@ class Policy:
         for r in self.rules:
             if r.matches(inc, hist):
                 why = r.reason or f"policy rule {r.name!r} ({self.source}:{r.line})"
-                return Decision(r.name, r.actions, r.ticket_priority, why)
+                return Decision(r.name, r.actions, r.ticket_priority, why, r.urgency)
         return Decision("<none>", (), "normal", f"no rule in {self.source} matches this incident")
 
 
@@ -185,6 +188,8 @@ def _rule(src: str, node: yaml.Node, index: int) -> Rule:
             fields[key] = str(yaml.safe_load(yaml.serialize(v)))
         elif key == "ticket_priority":
             fields[key] = next(iter(_names(src, v, "ticket priority", PRIORITIES)))
+        elif key == "urgency":
+            fields[key] = next(iter(_names(src, v, "urgency", URGENCIES)))
         elif key == "actions":
             actions = tuple(str(a) for a, _ in _scalars(src, v, "action"))
             for a, n in _scalars(src, v, "action"):
