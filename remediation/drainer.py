@@ -349,6 +349,11 @@ class Drainer:
         """The configured post-repair check (``[remediation.hooks].post_repair_check``); passes when
         none is configured. Replace or extend this to gate resumes on an active validation job."""
         w = self.w
+        if w.verifier is not None:  # a verification job on the node (remediation/verify.py)
+            try:
+                return w.verifier.check(node, host)
+            except SchedulerError as exc:
+                return False, f"verification could not run: {exc}"
         if not w.hooks.configured("post_repair_check"):
             return True, ""
         res = w.hooks.call("post_repair_check", {"host": host, "node": node, "component": "host", "incident": "",
@@ -375,7 +380,7 @@ class Drainer:
             v = w.gate(inc, fresh=False)
             if not v.allow:
                 continue  # kill switch: stay drained, say nothing new every tick
-            if w.hooks.configured("post_repair_check"):
+            if w.hooks.configured("post_repair_check") or w.verifier is not None:
                 if w.dry_run:
                     out.append(w.emit(inc, "resume", d.node, "dry_run",
                                       f"would run the post-repair check, then resume {d.node} if it passes", key=key,

@@ -131,6 +131,15 @@ class JobSettings(_S):
     squeue: str = "squeue"
 
 
+class VerifySettings(_S):
+    """``[verify]`` (remediation/verify.py): the command a repaired node must pass before it resumes."""
+
+    command: str | None = None  # e.g. "dcgmi diag -r 2"; None: resume without one
+    time_limit_min: Annotated[int, Meta(ge=1, le=24 * 60)] = 30
+    output_dir: str = ""  # where the job writes its output (shared storage); default /tmp on the node
+    sbatch: str = "sbatch"
+
+
 class AllSettings(_S):
     remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     guards: GuardSettings = msgspec.field(default_factory=GuardSettings)
@@ -139,6 +148,7 @@ class AllSettings(_S):
     tickets: TicketSettings = msgspec.field(default_factory=TicketSettings)
     common_cause: CommonCauseSettings = msgspec.field(default_factory=CommonCauseSettings)
     jobs: JobSettings = msgspec.field(default_factory=JobSettings)
+    verify: VerifySettings = msgspec.field(default_factory=VerifySettings)
 
 
 REMOVED = {
@@ -158,7 +168,7 @@ def _finite(cfg: Config, where: str, data: Any) -> None:
 
 def load_settings(cfg: Config | None = None) -> AllSettings:
     cfg = cfg or Config({}, None)
-    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets", "common_cause", "jobs"):
+    for name in ("remediation", "guards", "slurm", "kubernetes", "tickets", "common_cause", "jobs", "verify"):
         _finite(cfg, f"[{name}]", cfg.raw.get(name, {}))
     for key, why in REMOVED.items():
         if key in cfg.raw.get("guards", {}):
@@ -171,6 +181,7 @@ def load_settings(cfg: Config | None = None) -> AllSettings:
         tickets=cfg.section("tickets", TicketSettings),
         common_cause=cfg.section("common_cause", CommonCauseSettings),
         jobs=cfg.section("jobs", JobSettings),
+        verify=cfg.section("verify", VerifySettings),
     )
     for name in ("reset_gpu", "reboot", "alert", "annotate"):
         spec = getattr(s.remediation.hooks, name)

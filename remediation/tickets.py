@@ -174,6 +174,20 @@ class TicketStore:
         self._event(t, state, {"note": note, "actor": actor, "from": prev}, now)
         return t
 
+    def reopen(self, ticket_id: int, now: float, fact: str, actor: str = "fleethealth") -> Ticket:
+        """A repaired ticket whose node then failed its verification job (remediation/verify.py): open
+        again with the output as evidence. Only this path leaves ``repaired``: the repair did not take;
+        an operator's lifecycle keeps ``repaired`` final (a new fault opens a new ticket)."""
+        t = self.get(ticket_id)
+        if t.state != "repaired":
+            raise TicketError(f"ticket {ticket_id} is {t.state}; only a repaired ticket is reopened by verification")
+        evidence = (t.evidence + [{"fact": fact[:8000], "ts": now}])[-MAX_EVIDENCE:]
+        self.conn.execute("UPDATE tickets SET state='open', evidence=?, updated_at=?, closed_at=NULL WHERE id=?",
+                          (json.dumps(evidence), now, ticket_id))
+        t = self.get(ticket_id)
+        self._event(t, "reopened", {"note": fact[:4000], "actor": actor, "from": "repaired"}, now)
+        return t
+
     def age_buckets(self, now: float) -> dict[str, int]:
         out = {"lt_1d": 0, "1d_7d": 0, "7d_30d": 0, "gt_30d": 0}
         for (opened,) in self.conn.execute("SELECT opened_at FROM tickets WHERE state IN ('open','in_repair')"):

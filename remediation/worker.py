@@ -56,6 +56,7 @@ from remediation.settings import AllSettings
 from remediation.store import FINAL, RemediationStore
 from remediation.tickets import TicketStore, WebhookSink, discard_outbox
 from remediation.topology import Topology, load_topology_file, parse_slurm_topology
+from remediation.verify import SlurmVerifier
 
 log = logging.getLogger(__name__)
 CRASH_ENV = "FLEETHEALTH_TEST_CRASH_AFTER"  # test-only: "drain" or "record" -> os._exit(137) there
@@ -98,6 +99,10 @@ class RemediationWorker:
         self.crash_after = os.environ.get(CRASH_ENV, "")
         self.drainer = Drainer(self)
         slurm = self.real_scheduler.name == "slurm"
+        vs = self.settings.verify
+        self.verifier = SlurmVerifier(store.conn, self.real_scheduler, vs.command, time_limit_min=vs.time_limit_min,
+                                      output_dir=vs.output_dir, sbatch=vs.sbatch, clock=clock,
+                                      on_fail=self._verification_failed) if slurm and vs.command else None
         self.job_control = JobControl(store.conn, SlurmJobs(self.real_scheduler, self.settings.jobs.squeue)
                                       if slurm else None)
         topo = topology if topology is not None else self._topology()
@@ -364,6 +369,15 @@ class RemediationWorker:
                 discard_outbox(c)
         self.update_gauges()
         return out
+
+    def _verification_failed(self, node: str, host: str, detail: str) -> None:
+        """Reopen the repaired tickets of what holds the node, with the verification's output."""
+        now = self.clock()
+        with self.store.tx():
+            for h in self.store.holds(node):
+                t = self.tickets.latest_for(h["host"], h["component"])
+                if t is not None and t.state == "repaired":
+                    self.tickets.reopen(t.id, now, f"reopened: {detail}")
 
     # ------------------------------------------------------------------ jobs on a drained node
 
