@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from kubernetes import client
@@ -22,6 +23,7 @@ from remediation.settings import KubeSettings
 
 TAINT_KEY = "fleethealth.io/failure-mode"
 REASON_ANNOTATION = "fleethealth.io/drain-reason"
+WAIT_PREFIX = "running to completion until "  # + unix time: the wait-for-completion deadline
 
 
 def _status_message(exc: ApiException) -> str:
@@ -39,6 +41,7 @@ class KubernetesScheduler:
 
     def __init__(self, settings: KubeSettings | None = None, api_client: client.ApiClient | None = None) -> None:
         self.s = settings or KubeSettings()
+        self.clock = time.time  # wait-for-completion deadlines
         if api_client is None:
             if self.s.host:
                 cfg = client.Configuration()
@@ -115,6 +118,9 @@ class KubernetesScheduler:
             if pod.status and pod.status.phase in ("Succeeded", "Failed"):
                 continue
             target = f"{meta.namespace}/{meta.name}"
+            if self.s.drain_mode == "wait":  # runs to completion; evicted only past the deadline
+                res.pending.append(Pending("wait", target, f"{WAIT_PREFIX}{self.clock() + self.s.wait_deadline_s:.0f}"))
+                continue
             left = self.retry(node, Pending("evict", target, ""))
             if left is None:
                 res.done_steps.append(("evict", target))
@@ -123,6 +129,8 @@ class KubernetesScheduler:
         return res
 
     def retry(self, node: str, pending: Pending) -> Pending | None:
+        if pending.step == "wait":
+            return self._wait(node, pending)
         if pending.step != "evict":
             raise SchedulerError(f"kubernetes: unknown pending step {pending.step!r}")
         ns, _, name = pending.target.partition("/")
@@ -138,6 +146,29 @@ class KubernetesScheduler:
         except Exception as exc:
             raise SchedulerError(f"kubernetes evict {pending.target}: {type(exc).__name__}: {exc}") from None
         return None
+
+    def _wait(self, node: str, pending: Pending) -> Pending | None:
+        """Wait-for-completion: done when the pod finished or is gone; evicted once the deadline
+        (kept in the pending reason, so a restarted worker keeps it) has passed."""
+        ns, _, name = pending.target.partition("/")
+        try:
+            pod = self.api.read_namespaced_pod(name, ns, _request_timeout=self._t)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise SchedulerError(f"kubernetes read pod {pending.target}: {_status_message(exc)}") from None
+        except Exception as exc:
+            raise SchedulerError(f"kubernetes read pod {pending.target}: {type(exc).__name__}: {exc}") from None
+        if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+            return None
+        try:
+            deadline = float(pending.reason.split(WAIT_PREFIX, 1)[1].split()[0])
+        except (IndexError, ValueError):
+            deadline = 0.0  # no readable deadline: do not wait forever
+        if self.clock() < deadline:
+            return pending
+        left = self.retry(node, Pending("evict", pending.target, ""))
+        return None if left is None else Pending("wait", pending.target, f"{WAIT_PREFIX}0 ({left.reason})")
 
     def resume(self, node: str) -> None:
         taints = [t for t in self._taints(node) if t.get("key") != TAINT_KEY]

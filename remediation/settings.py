@@ -78,6 +78,10 @@ class KubeSettings(_S):
     context: str | None = None
     host: str | None = None  # API server URL; overrides kubeconfig (tests, in-cluster proxies)
     evict: bool = True
+    # "evict": evict the node's pods right after the cordon; "wait": let them run to completion and
+    # evict what still runs after wait_deadline_s (remediation/jobs.py explains when each fits)
+    drain_mode: Literal["evict", "wait"] = "evict"
+    wait_deadline_s: Annotated[float, Meta(ge=60.0, le=7 * DAY)] = 4 * 3600.0
     request_timeout_s: Annotated[float, Meta(gt=0.0, le=600.0)] = 10.0
     node_names: dict[str, str] = {}
     group_label: str | None = None  # node label whose value is the node group (cap_scope = "group")

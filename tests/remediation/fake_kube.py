@@ -128,6 +128,12 @@ class FakeKube:
                 return 404, status(404, "NotFound", f'nodes "{m.group(1)}" not found',
                                    {"name": m.group(1), "kind": "nodes"})
             return 200, node
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", u.path)
+        if m:
+            pod = self.pods.get((m.group(1), m.group(2)))
+            if pod is None:
+                return 404, status(404, "NotFound", f'pods "{m.group(2)}" not found', {"name": m.group(2), "kind": "pods"})
+            return 200, pod
         if u.path == "/api/v1/pods":
             sel = parse_qs(u.query).get("fieldSelector", [""])[0]
             items = list(self.pods.values())

@@ -115,3 +115,27 @@ def test_cap_per_node_group_counts_cordoned_nodes_of_that_group(tmp_path: Path, 
     assert (a.outcome, a.details["guard"]) == ("queued", "group_cap") and "group 'a'" in a.reason
     b = w.handle(incident("gpu-node-003", "pcie_fatal"))[0]  # pool b has room
     assert (b.kind, b.outcome) == ("drain", "done")
+
+
+def test_wait_for_completion_mode_evicts_only_what_outlives_the_deadline(tmp_path: Path, kube: FakeKube) -> None:
+    s = sched(kube, drain_mode="wait", wait_deadline_s=600)
+    t = [1_800_000_000.0]
+    s.clock = lambda: t[0]
+    w = make_worker(tmp_path, AllSettings(), scheduler=s)
+    recs = w.handle(incident("gpu-node-001", "net_link_down"))
+    node = kube.nodes["gpu-node-001"]
+    assert node["spec"]["unschedulable"] is True, "cordoned at once"
+    assert {(r.details.get("target"), r.outcome) for r in recs if r.details.get("step") == "wait"} == {
+        ("train/job-0", "queued"), ("web/api-0", "queued")}
+    assert ("train", "job-0") in kube.pods and ("web", "api-0") in kube.pods, "nothing evicted yet"
+    assert {q.payload["target"] for q in w.store.queued("wait")} == {"train/job-0", "web/api-0"}
+    # job-0 finishes on its own: done, never evicted
+    kube.pods[("train", "job-0")]["status"]["phase"] = "Succeeded"
+    w.tick()
+    assert {q.payload["target"] for q in w.store.queued("wait")} == {"web/api-0"}
+    assert ("train", "job-0") in kube.pods
+    # past the deadline the pod still running is evicted (through the Eviction API: the PDB holds it)
+    t[0] += 601
+    w.tick()
+    assert ("POST", "/api/v1/namespaces/web/pods/api-0/eviction") in kube.requests
+    assert ("web", "api-0") in kube.pods and w.store.queued("wait"), "the PDB still protects api-0"
