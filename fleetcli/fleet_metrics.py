@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleethealth import metrics_names as m
-from fleethealth.bus import ACTIONS, DEADLETTER, INCIDENTS, TELEMETRY, Bus, Consumer
+from fleethealth.bus import ACTIONS, DEADLETTER, INCIDENTS, TELEMETRY, Bus, Consumer, Headers
 from fleethealth.schema import ActionRecord, Incident, Sample, decode_action, decode_incident
 
 DRAIN_OUTCOMES = {"done": "live", "dry_run": "dry_run"}
@@ -133,8 +133,8 @@ class CountingBus:
         self.published: Counter[str] = Counter({TELEMETRY: 0, DEADLETTER: 0})
         self._lock = threading.Lock()
 
-    def publish(self, topic: str, key: str | None, value: bytes) -> None:
-        self.inner.publish(topic, key, value)
+    def publish(self, topic: str, key: str | None, value: bytes, headers: Headers = ()) -> None:
+        self.inner.publish(topic, key, value, headers)
         with self._lock:
             self.published[topic] += 1
 

@@ -31,7 +31,9 @@ before the committed offset, so ongoing episodes keep their ids.
 Time comes from the samples: quiet periods run on each host's own sample time; staleness
 (host_unreachable) on the stream time (largest sample ts, advanced by the time elapsed since samples
 last arrived, so a replayed old recording behaves as live), held back while a partition still has
-records waiting.
+records waiting, and never ahead of this worker's clock. A sample stamped past --max-clock-skew ahead
+of receive time is counted and corrected to it; the trust boundary (host signatures, allowlist,
+host bound, field-level rejection): docs/security.md.
 """
 
 

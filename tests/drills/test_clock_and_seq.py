@@ -81,5 +81,5 @@ def test_future_past_and_max_seq_samples_disturb_no_other_host(tmp_path: Path, k
     last = next(x["msg"] for x in reversed(lines) if "clock skew" in x.get("msg", ""))
     assert "clock skew: 1 ahead (corrected), 1 behind" in last, last
     print(f"clock drill: {HOSTS} hosts x 30 s live; +11 d, -1 d and seq 2**64-1 samples: "
-          f"{len(unreachable)} other hosts flagged host_unreachable (was {HOSTS - 1} of {HOSTS - 1}); "
+          f"{len(unreachable)} other hosts flagged host_unreachable (review F5 measured {HOSTS - 1} of {HOSTS - 1} before); "
           f"gpu_fell_off_bus reported on {fell}; worker: {last}")
