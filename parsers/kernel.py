@@ -47,18 +47,22 @@ def parse(text: str, *, lenient: bool = False) -> Parsed:
             if ev.kind == "xid" and (c := _CAUSED_BY.search(ev.line)) is not None:
                 out.facts.append(Fact("xid_caused_by", ev.pci_addr or "", {"xid": ev.xid, "cause": int(c["xid"])},
                                       ev.line))
-        if (m := _GPU_UUID.search(msg)) is not None:
+        if not kp.last_kernel:
+            continue  # another program's line (sshd, sudo, a job): nothing in it is read (security review F7)
+        if "NVRM" in msg and (m := _GPU_UUID.search(msg)) is not None:
             out.facts.append(Fact("gpu_uuid", pci_norm(m["pci"]), {"uuid": m["uuid"]}, line.strip()))
-        if (m := _BUS_ERR.search(msg)) is not None:
+        if "Bus Error" in msg and (m := _BUS_ERR.search(msg)) is not None:
             aer_ctx[m["pci"].lower()] = (m["sev"].strip(), m["type"].strip())
             out.facts.append(Fact("aer_header", m["pci"].lower(), {
                 "severity": _sev(m["sev"]), "layer": m["type"].strip()}, line.strip()))
-        elif (m := _AER_ITEM.search(msg)) is not None:
+        elif "]" in msg and (m := _AER_ITEM.search(msg)) is not None:
             sev, layer = aer_ctx.get(m["pci"].lower(), ("", ""))
             out.facts.append(Fact("aer_error", m["pci"].lower(), {
                 "severity": _sev(sev), "layer": layer, "bit": int(m["bit"]), "name": m["name"].strip()}, line.strip()))
         elif "Device recovery failed" in msg and "AER" in msg:
             out.facts.append(Fact("aer_recovery_failed", _pci_in(msg), {}, line.strip()))
+        if not ("Hardware Error" in line or "EDAC" in line or "edac" in line):
+            continue
         if mce.is_mce_line(msg):
             mce_lines.append(msg)
         elif mce.is_mce_line(line):  # a prefix split that ate the "EDAC MCn:" tag: keep the raw line

@@ -611,6 +611,7 @@ class KernelLineParser:
     lines_cut: int = 0  # over MAX_LINE, cut before reading
     lines_foreign: int = 0  # logged by another program: never an event (carrier state aside)
     lines_kernel: int = 0  # lines with a prefix that proves the kernel wrote them, or that gave an event
+    last_kernel: bool = False  # the line fed last was read as the kernel's (callers that read more from it)
 
     def feed(self, line: str) -> KernelEvent | None:
         """One line -> its first event (see :meth:`feed_all` for lines that hold several records)."""
@@ -619,6 +620,7 @@ class KernelLineParser:
 
     def feed_all(self, line: str) -> list[KernelEvent]:
         self.lines_seen += 1
+        self.last_kernel = False
         if len(line) > MAX_LINE:
             self.lines_cut += 1
             line = line[:MAX_LINE]
@@ -641,10 +643,12 @@ class KernelLineParser:
         raw = line.split("\n", 1)[0].strip()
         if stamp.origin == BARE:
             if self._open:
+                self.last_kernel = self._prev_origin == KERNEL
                 return self._continuation(stamp.msg, raw)
             if self._tagged:
                 self.lines_foreign += 1
                 return []
+        self.last_kernel = True
         ts = self._ts(stamp)
         self._open, self._prev_origin = stamp.origin != BARE, KERNEL
         self.lines_kernel += stamp.origin == KERNEL

@@ -205,12 +205,14 @@ def parse_ras_mc_ctl(text: str) -> Parsed:
             bank_name, bank_n, status = rec
             attrs = decode_status(status, bank_name=bank_name)
             attrs["source"] = "ras-mc-ctl"
+            attrs["record_id"] = int(s.split(" ", 1)[0])  # ras-mc-ctl's event number: how many it has stored
             out.facts.append(Fact("mce_record", f"bank {bank_n or bank_name}", attrs, s))
         elif _RAS_REC.match(s) and (st2 := _RAS_STATUS.search(s)) is not None:
             # Intel records name the bank only as "bank=0x0000000d": the MCA error code in the status decides
             bank = _RAS_BANKNUM.search(s)
             attrs = decode_status(int(st2["status"], 16))
             attrs["source"] = "ras-mc-ctl"
+            attrs["record_id"] = int(s.split(" ", 1)[0])
             comp = f"bank {int(bank['n'], 0)}" if bank else "bank"
             out.facts.append(Fact("mce_record", comp, attrs, s[:1024]))
     if not count_table and not out.facts and "ras-mc-ctl" not in text and not re.search(r"^(No |MCE events:|Memory controller events)",

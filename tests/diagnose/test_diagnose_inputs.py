@@ -107,3 +107,20 @@ def test_binary_and_missing_are_unreadable(tmp_path: Path) -> None:
     assert run([str(tmp_path / "missing")]) == 2
     (tmp_path / "empty").mkdir()
     assert run([str(tmp_path / "empty")]) == 2
+
+
+def test_other_programs_lines_are_not_read_by_diagnose_either(tmp_path: Path) -> None:
+    """security review F7 on the offline path: the decoded facts (MCE records, AER headers) must come
+    from kernel lines only, like the events."""
+    f = tmp_path / "messages"
+    f.write_text(
+        "Mar  5 10:11:13 gpu-node-007 sudo: alice : user NOT in sudoers ; COMMAND=/bin/echo mce: [Hardware Error]: "
+        "CPU 0: Machine Check: 0 Bank 5: be00000000800400\n"
+        "Mar  5 10:11:13 gpu-node-007 myjob[9]: EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0\n"
+        "Mar  5 10:11:14 gpu-node-007 logger: nvidia 0000:3b:00.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), "
+        "type=Transaction Layer, (Requester ID)\n"
+        "Mar  5 10:11:15 gpu-node-007 sshd[4242]: Invalid user NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off\n"
+        "Mar  5 10:11:16 gpu-node-007 kernel: usb 1-1: new high-speed USB device number 2 using xhci_hcd\n")
+    [d] = diagnose_input(str(f), None, snapshot_rules())
+    assert d.findings == [] and d.outcome == "healthy"
+    assert any("other programs" in w for w in d.warnings)

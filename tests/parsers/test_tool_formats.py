@@ -31,6 +31,7 @@ def test_ras_mc_ctl_errors_with_wrapped_records() -> None:
     assert [(r.component, r.attrs["memory"], r.attrs["corrected"]) for r in recs] == [
         ("bank 15", True, True), ("bank 18", True, True)]  # Intel MC code 0x0092; AMD UMC by IPID/bank name
     assert "n_errors=1" in recs[0].line  # the wrapped lines were joined into one record
+    assert [r.attrs["record_id"] for r in recs] == [7, 8]
 
 
 def test_ras_mc_ctl_error_count_and_summary() -> None:
