@@ -607,3 +607,65 @@ def _fact_test(spec: RuleSpec, text: str | None) -> Callable[[dict[str, Any]], b
         return op(x, y - k)
 
     return test
+
+
+class KernelRecordRule(FactRule):
+    """Kernel machine-check / EDAC records decoded from the sample's kernel events (the parsers'
+    one MCE decoder: MCi_STATUS with the next line's IPID, EDAC "N CE/UE ... on DIMM" lines), then
+    matched like a ``fact`` rule. ``count_gt`` + ``window_s``: more than N matching records (an EDAC
+    line counts its N) within the window, where a ``repeats`` line after a matching record (a bare
+    "Machine check events logged") counts as one more of the same. Both paths run it: a stream's
+    kernel events and a capture's are the same events."""
+
+    nslots = 1
+
+    def __init__(self, spec: RuleSpec, slot: int) -> None:
+        super().__init__(spec, slot)
+        p = spec.params
+        self.window_s = float(p.get("window_s", 3600.0))
+        try:
+            self.repeats = re.compile(p["repeats"]) if p.get("repeats") else None
+        except re.error as exc:
+            raise spec.error("repeats", f"bad regex: {exc}") from None
+
+    def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
+              out: list[Finding]) -> None:
+        evs = [e for e in sample.kernel_events if e.kind in ("mce", "edac")]
+        if not evs:
+            return
+        from collectors.parsers.mce import decode_kernel_mce
+
+        hits: list[tuple[float, Any, int]] = []  # (ts, fact, weight)
+        matched_once = False
+        for i, ev in enumerate(evs):
+            facts = decode_kernel_mce([e.message or e.line for e in evs[i:i + 3]])
+            f = facts[0] if facts and facts[0].line == (ev.message or ev.line).strip() else None
+            if f is not None and self._matches(f):
+                hits.append((ev.ts, f, min(int(f.attrs.get("count") or 1), 1 << 20)))
+                matched_once = True
+            elif matched_once and self.repeats is not None and self.repeats.search(ev.message or ev.line):
+                hits.append((ev.ts, hits[-1][1], 1))
+        if not hits:
+            return
+        if not self.count_gt:
+            done: set[str] = set()
+            for ts, f, _ in hits:
+                if f.line not in done:  # each record once (a repeat line is not a new record)
+                    done.add(f.line)
+                    out.append(self.finding(sample, f.component or "host", line=f.line, ts=ts, a=_Fmt(f.attrs)))
+            return
+        wins = mem[self.slot]
+        if wins is None:
+            wins = mem[self.slot] = {}
+        for ts, f, n in hits:
+            key = "host"
+            w = wins.get(key)
+            if w is None:
+                w = wins[key] = EventWindow()
+            w.add(ts, n)
+            total = w.sum(ts, self.window_s)
+            if total > self.count_gt:
+                out.append(self.finding(sample, f.component or "host", line=f.line, ts=ts, a=_Fmt(f.attrs),
+                                        count=total, window_s=self.window_s))
+                w.clear()
+                break

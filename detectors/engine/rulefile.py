@@ -40,6 +40,9 @@ KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
                      "window_s": (NUM, False), "benign_details": ((list,), False),
                      "cleared_by": ((str,), False), "unless": ((str,), False), "at_most": ((int,), False),
                      "after": ((str,), False)},
+    # kernel MCE / EDAC records decoded from the sample's kernel events (both paths)
+    "kernel_record": {"fact": ((str,), True), "attrs": ((dict,), False), "count_gt": ((int,), False),
+                      "window_s": (NUM, False), "repeats": ((str,), False), "match": ((str,), False)},
     # capture-only evidence (diagnose): a parsed Fact of one kind, its attributes, an optional test
     "fact": {"fact": ((str,), True), "attrs": ((dict,), False), "test": ((str,), False),
              "match": ((str,), False), "below_common": ((str,), False), "min_facts": ((int,), False),

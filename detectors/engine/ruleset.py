@@ -20,6 +20,7 @@ from detectors.engine.compiled import (
     FactRule,
     FlappingRule,
     KernelEventRule,
+    KernelRecordRule,
     PresenceRule,
     check_template,
 )
@@ -31,7 +32,8 @@ from detectors.engine.xidrule import XidTableRule
 from fleethealth.schema import Sample
 
 _SIMPLE = {"condition": ConditionRule, "flapping": FlappingRule, "presence": PresenceRule,
-           "kernel_event": KernelEventRule, "xid_table": XidTableRule, "fact": FactRule}
+           "kernel_event": KernelEventRule, "xid_table": XidTableRule, "fact": FactRule,
+           "kernel_record": KernelRecordRule}
 _COUNTER = ("counter_increase", "counter_rate", "fleet_outlier")
 STATELESS_SKIP = ("counter_rate", "fleet_outlier", "flapping", "staleness")
 

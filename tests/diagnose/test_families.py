@@ -32,6 +32,9 @@ CASES = {
     "rminit-failed-dmesg.log": ({"gpu_fell_off_bus"}, "RmInitAdapter failed!"),
     "nvidia-probe-failed-dmesg.log": ({"gpu_fell_off_bus"}, "probe of 0000:c3:00.0 failed"),
     "mce-processor-context-corrupt-not-dram.log": (set(), ""),  # a CPU's own error, not a DIMM
+    # a corrected DRAM machine check (AMD UMC, by IPID) logged again and again: a storm
+    "mce-amd-umc-corrected-repeating.log": ({"host_dram_ce_storm"}, "Bank 16: dc2041000000011b"),
+    "mce-amd-umc-corrected-once-at-boot-healthy.log": (set(), ""),
     "benign-error-strings-other-drivers-healthy.log": (set(), ""),
 }
 
