@@ -28,6 +28,7 @@ from detectors.engine.state import (
 )
 from fleethealth.schema import Evidence, Sample
 from fleethealth.taxonomy import MODES, parse_mode
+from parsers.mce import decode_kernel_mce
 
 TEMPLATE_FIELDS = {"component", "value", "delta", "prev", "rate", "window_s", "count", "line", "xid",
                    "host", "rhs", "note", "links", "threshold", "baseline", "age_s", "a", "message"}
@@ -633,8 +634,6 @@ class KernelRecordRule(FactRule):
         evs = [e for e in sample.kernel_events if e.kind in ("mce", "edac")]
         if not evs:
             return
-        from collectors.parsers.mce import decode_kernel_mce
-
         hits: list[tuple[float, Any, int]] = []  # (ts, fact, weight)
         matched_once = False
         for i, ev in enumerate(evs):
