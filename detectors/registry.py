@@ -3,14 +3,15 @@
 
 * one detector per rule file (``rules:<file stem>``), stateful over a stream of samples;
 * the whole engine (``engine``: rules + episodes), whose feed returns incidents;
-* model detectors: the ML part registers factories with :func:`register_model` (at import of
-  ``detectors.ml``); a factory that cannot load its model (not trained yet) raises and is skipped.
+* model detectors, declared in :data:`MODEL_DETECTORS` (module and loader by name). A declared
+  detector whose module does not import, or whose model does not load, raises
+  :class:`DetectorLoadError`: ``--with-models`` never quietly runs rules only.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,25 @@ from detectors.engine.finding import Detector, Finding
 from detectors.engine.rulefile import load_rule_files, rules_dir
 from detectors.engine.ruleset import RuleSet
 from detectors.engine.state import Admission, HostState
+from fleethealth.errors import FleetHealthError
 from fleethealth.schema import Sample
 
-log = logging.getLogger(__name__)
 Factory = Callable[[], Any]
-_MODELS: dict[str, Factory] = {}
-# factories that build several registered models at once, sharing work (e.g. one feature stream)
-_SUITES: list[tuple[frozenset[str], Callable[[], list[Detector]]]] = []
+
+# name -> (module, loader): each loader takes ``model_dir`` (None: the shipped models) and returns
+# one detector
+MODEL_DETECTORS: dict[str, tuple[str, str]] = {
+    "fault_classifier": ("detectors.ml", "load_supervised"),
+    "peer_anomaly": ("detectors.ml", "load_peer"),
+}
+# the declared models built together (one feature stream, one engine entry): module, loader, names;
+# the loader takes ``model_dir`` and ``strict`` and returns a list of detectors
+MODEL_SUITE: tuple[str, str, frozenset[str]] = ("detectors.ml", "load_ml_suite",
+                                                frozenset({"fault_classifier", "peer_anomaly"}))
+
+
+class DetectorLoadError(FleetHealthError):
+    """A declared detector did not import, or its model did not load; the message says which."""
 
 
 class RuleFileDetector:
@@ -67,54 +80,51 @@ class EngineDetector:
         self.engine.reset()
 
 
-def register_model(name: str, factory: Factory) -> None:
-    """Called by the ML part: ``register_model("peer_anomaly", lambda: PeerDetector.load(...))``."""
-    _MODELS[name] = factory
-
-
-def register_model_suite(names: Iterable[str], factory: Callable[[], list[Detector]]) -> None:
-    """Called by the ML part: ``model_detectors()`` builds these models together through ``factory``
-    instead of one by one (the contract suite still builds each alone)."""
-    _SUITES.append((frozenset(names), factory))
-
-
-def _import_models() -> None:
+def _loader(what: str, module: str, attr: str) -> Callable[..., Any]:
     try:
-        __import__("detectors.ml")
+        mod = importlib.import_module(module)
     except ImportError as exc:
-        log.debug("no ML detectors: %s", exc)
+        raise DetectorLoadError(f"detector {what}: module {module} does not import: {exc}") from exc
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise DetectorLoadError(f"detector {what}: {module} has no loader {attr}()")
+    return fn
 
 
-def model_detectors() -> list[Detector]:
-    """Instantiate every registered model detector that can load its model."""
-    _import_models()
-    out: list[Detector] = []
-    built: set[str] = set()
-    for names, suite in _SUITES:
-        try:
-            out.extend(suite())
-            built |= names
-        except Exception as exc:  # fall back to building them one by one below
-            log.warning("model suite %s not loaded: %s", ",".join(sorted(names)), exc)
-    for name, factory in sorted(_MODELS.items()):
-        if name in built:
-            continue
-        try:
-            out.append(factory())
-        except Exception as exc:  # untrained / missing model: run without it, say so
-            log.warning("model detector %s not loaded: %s", name, exc)
+def load_model_detector(name: str, model_dir: Path | None = None) -> Detector:
+    """The declared model detector ``name`` alone; :class:`DetectorLoadError` when it cannot load."""
+    if name not in MODEL_DETECTORS:
+        raise DetectorLoadError(f"no model detector named {name!r} (declared: {', '.join(sorted(MODEL_DETECTORS))})")
+    module, attr = MODEL_DETECTORS[name]
+    fn = _loader(name, module, attr)
+    try:
+        det: Detector = fn(model_dir)
+    except Exception as exc:
+        raise DetectorLoadError(f"model detector {name} not loaded: {exc}") from exc
+    return det
+
+
+def model_detectors(model_dir: Path | None = None) -> list[Detector]:
+    """Every declared model detector (the suite built together, the rest one by one), or
+    :class:`DetectorLoadError`: a missing, mismatched or untrusted model fails start-up."""
+    module, attr, names = MODEL_SUITE
+    fn = _loader(",".join(sorted(names)), module, attr)
+    try:
+        out: list[Detector] = list(fn(model_dir, strict=True))
+    except Exception as exc:
+        raise DetectorLoadError(f"model detectors {', '.join(sorted(names))} not loaded: {exc}") from exc
+    out += [load_model_detector(n, model_dir) for n in sorted(set(MODEL_DETECTORS) - names)]
     return out
 
 
 def all_detectors() -> list[tuple[str, Factory]]:
     """(name, factory) of every detector; the contract suite calls each factory for a fresh one."""
-    _import_models()
     out: list[tuple[str, Factory]] = []
     for p in sorted(rules_dir().glob("*.yaml")):
         if not any(s.stream for s in load_rule_files([p])):
             continue  # capture-only rules (diagnose's facts): nothing for a stream to run
         out.append((f"rules:{p.stem}", lambda p=p: RuleFileDetector(p)))
     out.append(("engine", EngineDetector))
-    for name, factory in sorted(_MODELS.items()):
-        out.append((f"model:{name}", factory))
+    for name in sorted(MODEL_DETECTORS):
+        out.append((f"model:{name}", lambda name=name: load_model_detector(name)))
     return out

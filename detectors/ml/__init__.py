@@ -10,7 +10,7 @@
 
 Both read windowed per-component features (:mod:`detectors.ml.features`); models come from
 ``detectors/models/`` (``fleethealth train`` writes them) as skops archives plus a JSON sidecar.
-Importing this package registers both with :mod:`detectors.registry`.
+:mod:`detectors.registry` declares both (``MODEL_DETECTORS``) and loads them through the loaders here.
 """
 
 from __future__ import annotations
@@ -41,13 +41,16 @@ def load_peer(model_dir: Path | None = None, stream: FeatureStream | None = None
     return PeerDetector(peer_models(est, meta), meta, stream)
 
 
-def load_ml_detectors(model_dir: Path | None = None) -> list[WindowBatcher]:
-    """Both ML detectors, or those whose model files exist; [] with a logged warning when none do.
-    A model file that exists but is mismatched or untrusted raises :class:`ModelError`."""
+def load_ml_detectors(model_dir: Path | None = None, strict: bool = False) -> list[WindowBatcher]:
+    """Both ML detectors, or those whose model files exist; [] with a logged warning when none do
+    (``strict``: a missing model raises :class:`ModelError`). A model file that exists but is
+    mismatched or untrusted raises :class:`ModelError`."""
     d = model_dir or MODEL_DIR
     present = [(name, loader) for name, loader in ((SUPERVISED_NAME, load_supervised), (PEER_NAME, load_peer))
                if (d / f"{name}.json").exists()]
-    for name in {SUPERVISED_NAME, PEER_NAME} - {n for n, _ in present}:
+    for name in sorted({SUPERVISED_NAME, PEER_NAME} - {n for n, _ in present}):
+        if strict:
+            raise ModelError(f"ML detector {name}: no model in {d} (run `fleethealth train`)")
         log.warning("ML detector %s not loaded: no model in %s (run `fleethealth train`)", name, d)
     # one feature stream for both: features are computed once per sample
     stream = FeatureStream(window_s=float(read_sidecar(d, present[0][0]).get("window_s", 60.0)),
@@ -87,23 +90,11 @@ class MLSuite:
             m.forget_host(host)
 
 
-def load_ml_suite(model_dir: Path | None = None) -> list[Detector]:
-    """[MLSuite] of the detectors whose models are present ([] when none is)."""
-    dets = load_ml_detectors(model_dir)
+def load_ml_suite(model_dir: Path | None = None, strict: bool = False) -> list[Detector]:
+    """[MLSuite] of the detectors whose models are present ([] when none is; ``strict``: all must be)."""
+    dets = load_ml_detectors(model_dir, strict)
     return [MLSuite(dets)] if dets else []
 
-
-def _register() -> None:
-    try:
-        from detectors.registry import register_model, register_model_suite
-    except ImportError:  # the registry is optional for the ML part
-        return
-    register_model(SUPERVISED_NAME, load_supervised)
-    register_model(PEER_NAME, load_peer)
-    register_model_suite({SUPERVISED_NAME, PEER_NAME}, load_ml_suite)  # one feature stream, one engine entry
-
-
-_register()
 
 __all__ = ["MODEL_DIR", "MLSuite", "ModelError", "PeerDetector", "SupervisedDetector", "load_ml_detectors",
            "load_ml_suite", "load_peer", "load_supervised"]
