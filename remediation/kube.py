@@ -60,6 +60,7 @@ class KubernetesScheduler:
                     api_client = kubeconfig.new_client_from_config(config_file=self.s.kubeconfig, context=self.s.context)
                 except (kubeconfig.ConfigException, OSError) as exc:
                     raise SchedulerError(f"kubernetes: cannot load kubeconfig: {exc}") from None
+        self.api_client = api_client  # also for the verification Jobs (remediation/verify.py)
         self.api = client.CoreV1Api(api_client)
         self._t = self.s.request_timeout_s
 

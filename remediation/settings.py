@@ -142,6 +142,8 @@ class VerifySettings(_S):
     time_limit_min: Annotated[int, Meta(ge=1, le=24 * 60)] = 30
     output_dir: str = ""  # where the job writes its output (shared storage); default /tmp on the node
     sbatch: str = "sbatch"
+    image: str = "nvcr.io/nvidia/cloud-native/dcgm:latest"  # Kubernetes: the image the Job runs the command in
+    namespace: str = "fleethealth"  # Kubernetes: where the verification Jobs go
 
 
 class AllSettings(_S):

@@ -23,7 +23,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from remediation.scheduler import SchedulerError
 
@@ -40,6 +40,10 @@ _JOB_ID = re.compile(r"^(\d+)")
 def job_fields(out: str) -> dict[str, str]:
     """``scontrol show job -o ID`` as key -> value (pure)."""
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+class Verifier(Protocol):
+    def check(self, node: str, host: str) -> tuple[bool, str]: ...
 
 
 class SlurmVerifier:
@@ -126,3 +130,85 @@ class SlurmVerifier:
             return Path(path).read_text(errors="replace")[-8000:].strip() or "(no output)"
         except OSError:
             return f"(output at {path} on the node)"
+
+
+class KubeVerifier:
+    """The verification as a Kubernetes Job pinned to the node (``nodeName``: it runs on the cordoned
+    node, bypassing the scheduler; it tolerates the fleethealth taint). Pass: the Job succeeded.
+    Fail: it failed (or ran past its deadline); the pod's log goes to the reopened ticket."""
+
+    def __init__(self, api_client: Any, command: str, *, image: str, namespace: str = "fleethealth",
+                 time_limit_min: int = 30, clock: Callable[[], float] = time.time,
+                 on_fail: Callable[[str, str, str], None] | None = None, conn: sqlite3.Connection | None = None) -> None:
+        from kubernetes import client
+
+        self.client = client
+        self.batch = client.BatchV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.command = command
+        self.image = image
+        self.ns = namespace
+        self.time_limit_min = time_limit_min
+        self.clock = clock
+        self.on_fail = on_fail
+        self.conn = conn
+        if conn is not None:
+            conn.executescript(SCHEMA)
+
+    def check(self, node: str, host: str) -> tuple[bool, str]:
+        from kubernetes.client.rest import ApiException
+
+        assert self.conn is not None
+        row = self.conn.execute("SELECT job_id FROM verifications WHERE node=?", (node,)).fetchone()
+        try:
+            if row is None:
+                return False, self._start(node, host)
+            name = row[0]
+            job = self.batch.read_namespaced_job(name, self.ns)
+        except ApiException as exc:
+            raise SchedulerError(f"kubernetes verification on {node}: HTTP {exc.status} {exc.reason}") from None
+        st = job.status
+        if not (st and (st.succeeded or st.failed)):
+            return False, f"verification job {self.ns}/{name} on {node} is running"
+        log = self._log(name)
+        self.conn.execute("DELETE FROM verifications WHERE node=?", (node,))
+        try:
+            self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
+        except ApiException:
+            pass
+        if st.succeeded:
+            return True, f"verification job {self.ns}/{name} passed on {node}: {log[-500:]}"
+        detail = f"verification job {self.ns}/{name} failed on {node}: {log[-3000:]}"
+        if self.on_fail is not None:
+            self.on_fail(node, host, detail)
+        return False, detail
+
+    def _start(self, node: str, host: str) -> str:
+        c = self.client
+        assert self.conn is not None
+        name = f"fleethealth-verify-{node}"[:52] + f"-{int(self.clock()) % 100000}"
+        body = c.V1Job(
+            metadata=c.V1ObjectMeta(name=name, namespace=self.ns, labels={"app.kubernetes.io/part-of": "fleethealth",
+                                                                         "fleethealth.io/verify": node}),
+            spec=c.V1JobSpec(backoff_limit=0, active_deadline_seconds=self.time_limit_min * 60,
+                             template=c.V1PodTemplateSpec(
+                                 metadata=c.V1ObjectMeta(labels={"fleethealth.io/verify": node}),
+                                 spec=c.V1PodSpec(node_name=node, restart_policy="Never",
+                                                  tolerations=[c.V1Toleration(operator="Exists")],
+                                                  containers=[c.V1Container(name="verify", image=self.image,
+                                                                            command=["/bin/sh", "-c", self.command])]))))
+        self.batch.create_namespaced_job(self.ns, body)
+        self.conn.execute("INSERT OR REPLACE INTO verifications VALUES (?,?,?,?,?,?,?)",
+                          (node, host, "", "", name, "", self.clock()))
+        return f"verification job {self.ns}/{name} created on {node}: {self.command}"
+
+    def _log(self, name: str) -> str:
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={name}")
+            if not pods.items:
+                return "(no pod)"
+            meta = pods.items[0].metadata
+            pod = str(meta.name) if meta is not None else ""
+            return str(self.core.read_namespaced_pod_log(pod, self.ns))[-8000:] or "(no output)"
+        except Exception as exc:  # the log is evidence, not the verdict
+            return f"(log unavailable: {type(exc).__name__})"

@@ -56,7 +56,7 @@ from remediation.settings import AllSettings
 from remediation.store import FINAL, RemediationStore
 from remediation.tickets import TicketStore, WebhookSink, discard_outbox
 from remediation.topology import Topology, load_topology_file, parse_slurm_topology
-from remediation.verify import SlurmVerifier
+from remediation.verify import KubeVerifier, SlurmVerifier, Verifier
 
 log = logging.getLogger(__name__)
 CRASH_ENV = "FLEETHEALTH_TEST_CRASH_AFTER"  # test-only: "drain" or "record" -> os._exit(137) there
@@ -100,9 +100,14 @@ class RemediationWorker:
         self.drainer = Drainer(self)
         slurm = self.real_scheduler.name == "slurm"
         vs = self.settings.verify
-        self.verifier = SlurmVerifier(store.conn, self.real_scheduler, vs.command, time_limit_min=vs.time_limit_min,
+        self.verifier: Verifier | None = SlurmVerifier(store.conn, self.real_scheduler, vs.command, time_limit_min=vs.time_limit_min,
                                       output_dir=vs.output_dir, sbatch=vs.sbatch, clock=clock,
                                       on_fail=self._verification_failed) if slurm and vs.command else None
+        api = getattr(self.real_scheduler, "api_client", None)
+        if vs.command and self.real_scheduler.name == "kubernetes" and api is not None:
+            self.verifier = KubeVerifier(api, vs.command, image=vs.image, namespace=vs.namespace,
+                                         time_limit_min=vs.time_limit_min, clock=clock,
+                                         on_fail=self._verification_failed, conn=store.conn)
         self.job_control = JobControl(store.conn, SlurmJobs(self.real_scheduler, self.settings.jobs.squeue)
                                       if slurm else None)
         topo = topology if topology is not None else self._topology()

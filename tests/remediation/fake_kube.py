@@ -44,6 +44,8 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.pdbs: list[tuple[str, dict[str, str], int]] = []
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}  # batch/v1 Jobs (verification)
+        self.logs: dict[tuple[str, str], str] = {}
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         self._rv = 100
@@ -71,6 +73,10 @@ class FakeKube:
                 body = self._body()
                 with fake.lock:
                     self._send(*fake.patch(self.path, ctype, body))
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                with fake.lock:
+                    self._send(*fake.delete(self.path))
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self._body()
@@ -110,6 +116,23 @@ class FakeKube:
     def add_pdb(self, ns: str, selector: dict[str, str], min_available: int) -> None:
         self.pdbs.append((ns, selector, min_available))
 
+    def finish_job(self, ns: str, name: str, *, succeeded: bool, log: str) -> None:
+        """What the kubelet and job controller would do: the Job's pod ran, with this output."""
+        pod = f"{name}-abcde"
+        self.pods[(ns, pod)] = {"kind": "Pod", "apiVersion": "v1",
+                                "metadata": {"name": pod, "namespace": ns, "labels": {"job-name": name}},
+                                "spec": self.jobs[(ns, name)]["spec"]["template"]["spec"],
+                                "status": {"phase": "Succeeded" if succeeded else "Failed"}}
+        self.logs[(ns, pod)] = log
+        self.jobs[(ns, name)]["status"] = {"succeeded": 1} if succeeded else {"failed": 1}
+
+    def delete(self, path: str) -> tuple[int, dict[str, Any]]:
+        self.requests.append(("DELETE", urlparse(path).path))
+        m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", urlparse(path).path)
+        if m and self.jobs.pop((m.group(1), m.group(2)), None) is not None:
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        return 404, status(404, "NotFound", "not found")
+
     def _bump(self) -> int:
         self._rv += 1
         return self._rv
@@ -128,6 +151,20 @@ class FakeKube:
                 return 404, status(404, "NotFound", f'nodes "{m.group(1)}" not found',
                                    {"name": m.group(1), "kind": "nodes"})
             return 200, node
+        m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", u.path)
+        if m:
+            job = self.jobs.get((m.group(1), m.group(2)))
+            return (200, job) if job else (404, status(404, "NotFound", f'jobs "{m.group(2)}" not found'))
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", u.path)
+        if m:
+            return 200, self.logs.get((m.group(1), m.group(2)), "")  # type: ignore[return-value]
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", u.path)
+        if m:
+            sel = parse_qs(u.query).get("labelSelector", [""])[0]
+            key, _, val = sel.partition("=")
+            items = [p for (ns, _), p in self.pods.items() if ns == m.group(1)
+                     and (not key or p["metadata"].get("labels", {}).get(key) == val)]
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", u.path)
         if m:
             pod = self.pods.get((m.group(1), m.group(2)))
@@ -162,6 +199,13 @@ class FakeKube:
 
     def post(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         self.requests.append(("POST", path))
+        jm = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs", path)
+        if jm:
+            name = body["metadata"]["name"]
+            if (jm.group(1), name) in self.jobs:
+                return 409, status(409, "AlreadyExists", f'jobs "{name}" already exists')
+            self.jobs[(jm.group(1), name)] = {**body, "status": {"active": 1}}
+            return 201, self.jobs[(jm.group(1), name)]
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction", path)
         if not m:
             return 404, status(404, "NotFound", "the server could not find the requested resource")

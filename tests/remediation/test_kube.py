@@ -139,3 +139,52 @@ def test_wait_for_completion_mode_evicts_only_what_outlives_the_deadline(tmp_pat
     w.tick()
     assert ("POST", "/api/v1/namespaces/web/pods/api-0/eviction") in kube.requests
     assert ("web", "api-0") in kube.pods and w.store.queued("wait"), "the PDB still protects api-0"
+
+
+def _verify_worker(tmp_path: Path, kube: FakeKube):  # type: ignore[no-untyped-def]
+    from remediation.settings import HookSettings, RemediationSettings, VerifySettings
+    from tests.remediation.helpers import Clock
+
+    clock = Clock()
+    s = AllSettings(remediation=RemediationSettings(hooks=HookSettings(post_repair_retry_s=10.0)),
+                    verify=VerifySettings(command="dcgmi diag -r 2", image="registry.local/dcgm:4", namespace="fh"))
+    w = make_worker(tmp_path, s, scheduler=sched(kube), clock=clock)
+    inc = incident("gpu-node-003", "gpu_fell_off_bus", now=clock.t)
+    w.handle(inc)
+    clock.t += 5
+    w.handle(incident("gpu-node-003", "gpu_fell_off_bus", now=clock.t, id=inc.id, state="resolved"))
+    t = w.tickets.open_for("gpu-node-003", inc.component)
+    with w.store.tx():
+        w.tickets.set_state(t.id, "repaired", clock.t)
+    recs = w.tick()
+    assert [(r.kind, r.outcome) for r in recs if r.kind == "resume"] == [("resume", "refused")]
+    (ns, name), = kube.jobs
+    spec = kube.jobs[(ns, name)]["spec"]["template"]["spec"]
+    assert ns == "fh" and spec["nodeName"] == "gpu-node-003" and spec["restartPolicy"] == "Never"
+    assert spec["containers"][0]["command"] == ["/bin/sh", "-c", "dcgmi diag -r 2"]
+    assert {"operator": "Exists"} in spec["tolerations"], "it must run on the cordoned, tainted node"
+    assert kube.nodes["gpu-node-003"]["spec"]["unschedulable"] is True, "stays cordoned while it runs"
+    clock.t += 11
+    assert not [r for r in w.tick() if r.kind == "resume" and r.outcome == "done"], "not before the Job ends"
+    return w, clock, t, ns, name
+
+
+def test_kubernetes_verification_job_passes_and_the_node_is_uncordoned(tmp_path: Path, kube: FakeKube) -> None:
+    w, clock, t, ns, name = _verify_worker(tmp_path, kube)
+    kube.finish_job(ns, name, succeeded=True, log="Diagnostic: Pass")
+    clock.t += 11
+    recs = w.tick()
+    assert ("resume", "done") in [(r.kind, r.outcome) for r in recs]
+    assert not kube.nodes["gpu-node-003"]["spec"].get("unschedulable")
+    assert (ns, name) not in kube.jobs, "the Job is deleted"
+
+
+def test_kubernetes_verification_job_fails_and_reopens_the_ticket(tmp_path: Path, kube: FakeKube) -> None:
+    w, clock, t, ns, name = _verify_worker(tmp_path, kube)
+    kube.finish_job(ns, name, succeeded=False, log="Memory: Fail - GPU 3 DBE")
+    clock.t += 11
+    recs = w.tick()
+    assert not [r for r in recs if r.kind == "resume" and r.outcome == "done"]
+    assert kube.nodes["gpu-node-003"]["spec"]["unschedulable"] is True
+    t2 = w.tickets.get(t.id)
+    assert t2.state == "open" and "GPU 3 DBE" in t2.evidence[-1]["fact"]
