@@ -86,23 +86,51 @@ def component_of(f: Fault, spec: HostSpec, uuids: list[str]) -> str:
     return "host"
 
 
+OVERLAP_P = 0.15
+OVERLAP_OK = frozenset({"gpu_ecc_sbe_storm", "app_error", "gpu_dram_uce", "gpu_sram_uce", "gpu_hw_error",
+                        "gpu_nvlink_error", "gpu_row_remap_pending", "gpu_thermal", "host_dram_ce_storm"})
+
+
 def _place(tl: Timeline, rng: np.random.Generator, spec: RunSpec, mode: str, fid: str,
-           host: int | None = None, dur_s: float | None = None) -> tuple[Fault, int] | None:
+           host: int | None = None, dur_s: float | None = None,
+           active: dict[int, list[Fault]] | None = None) -> tuple[Fault, int] | None:
     ticks = spec.ticks
     dur = spec_ticks(dur_s if dur_s is not None else draw_duration(mode, rng), spec.interval_s)
     pre_max = spec_ticks(PRECURSOR_S.get(mode, 0), spec.interval_s) if mode in PRECURSOR_S else 0
     ramp = bool(pre_max) and (spec.scenario == "slow-drift" or rng.random() < 0.5)
     pre = int(rng.integers(pre_max // 6, pre_max + 1)) if ramp else 0
+    # A few faults share a host with another one on a different GPU (an application crash beside an
+    # HBM storm, two sick GPUs in one box). Only modes that end in a GPU reset or nothing may
+    # overlap: a host reboot would erase the other fault's evidence.
+    overlap = mode in OVERLAP_OK and rng.random() < OVERLAP_P
+    hosts_ok = sorted(h for h, fs in (active or {}).items() if all(o.mode in OVERLAP_OK for o in fs))
     for _attempt in range(60):
         h = int(rng.integers(0, spec.hosts)) if host is None else host
         onset = int(rng.integers(2, max(ticks - 1, 3)))
+        if overlap and hosts_ok and host is None:  # on a host that already has a fault, during it
+            h = hosts_ok[int(rng.integers(0, len(hosts_ok)))]
+            o = active[h][-1]  # type: ignore[index]
+            onset = int(rng.integers(max(o.onset_tick, 2 + pre), max(o.end_tick, o.onset_tick + 1, 3 + pre)))
         end = min(onset + dur, ticks)
-        if tl.free(h, onset - pre, end, margin=spec_ticks(1800, spec.interval_s)):
+        margin = spec_ticks(1800, spec.interval_s)
+        taken: set[int] | None = None
+        if tl.free(h, onset - pre, end, margin=margin):
+            taken = set()
+        elif overlap:
+            others = [o for o in (active or {}).get(h, ()) if not (end + margin <= o.onset_tick or onset - pre - margin >= o.end_tick)]
+            if others and all(o.mode in OVERLAP_OK for o in others):  # faults are planned before the background
+                taken = {o.gpu for o in others if o.gpu is not None}
+        if taken is not None:
             tl.reserve(h, onset - pre, end)
             f = Fault(id=fid, host=h, mode=mode, onset_tick=onset, end_tick=end)
+            if active is not None:
+                active.setdefault(h, []).append(f)
             kind = KIND[mode]
             if kind in ("gpu", "pci"):
-                f.gpu = int(rng.integers(0, GPUS_PER_HOST))
+                free_gpus = [g for g in range(GPUS_PER_HOST) if g not in taken]
+                f.gpu = int(free_gpus[int(rng.integers(0, len(free_gpus)))]) if taken else int(rng.integers(0, GPUS_PER_HOST))
+                if taken:
+                    f.notes.append("overlaps another fault on this host")
             elif kind == "port":
                 f.port = int(rng.integers(0, PORTS_PER_HOST))
             elif kind == "dimm":
@@ -138,12 +166,13 @@ def plan_faults(spec: RunSpec, tl: Timeline, rng: np.random.Generator) -> tuple[
     elif spec.scenario == "hard-cases":
         for mode in HARD_CASE_MODES:
             wanted += [mode] * max(6, spec.hosts // 3)
+    placed_by_host: dict[int, list[Fault]] = {}
     # long faults first so they find room; stable order keeps runs reproducible
     wanted.sort(key=lambda m: (-DURATION[m][1], m))
     for mode in wanted:
         long = spec.scenario in ("flapping-cable", "sbe-storm-no-uce") and mode in ("net_link_bad_cable", "gpu_ecc_sbe_storm")
         dur = spec.duration_s * float(rng.uniform(0.5, 0.8)) if long else None
-        placed = _place(tl, rng, spec, mode, f"F{n:05d}", dur_s=dur)
+        placed = _place(tl, rng, spec, mode, f"F{n:05d}", dur_s=dur, active=placed_by_host)
         if placed is None:
             dropped += 1
             continue
