@@ -49,7 +49,7 @@ def test_zero_rate_means_no_faults() -> None:
 def test_overlapping_faults_share_a_host_only_on_other_gpus(every_mode_run) -> None:  # type: ignore[no-untyped-def]
     """Faults on one host overlap only when both are GPU-reset-or-nothing modes on different
     components (plan.OVERLAP_OK); a mode that reboots the host never overlaps another fault."""
-    from collectors.fleetsim.plan import OVERLAP_OK
+    from simulator.plan import OVERLAP_OK
 
     by_host: dict[str, list] = {}
     for t in every_mode_run.truth:
