@@ -180,6 +180,10 @@ def _remediation_rules() -> tuple[AlertRule, ...]:
         AlertRule("FleetHealthDrainedFractionHigh", f"{drained} / sum by (cluster) ({m.HOSTS}) > 0.1", "critical",
                   "{{ $value | humanizePercentage }} of {{ $labels.cluster }} is drained or in repair",
                   "More than 10 % of the fleet is out of service.", "10m"),
+        AlertRule("FleetHealthCommonCause", f"max by (cluster, kind) ({m.COMMON_CAUSE_OPEN}) > 0", "critical",
+                  "{{ $value }} {{ $labels.kind }} common-cause incident(s) open in {{ $labels.cluster }}",
+                  "Hosts sharing one part failed together: one ticket names the part; their drains are held "
+                  "behind it (remediation/common_cause.py). One alert per kind of part, not one per host."),
         AlertRule("FleetHealthDrainsQueued", f"max by (cluster) ({m.NODES_QUEUED}) > 0", "warning",
                   "{{ $value }} remediation actions queued in {{ $labels.cluster }}",
                   "A guard (cluster or rack cap, rate window, common cause) holds drains back.", "30m"),

@@ -19,6 +19,8 @@ NODES_DRAINED = "fleethealth_remediation_drained_nodes"  # gauge
 NODES_QUEUED = "fleethealth_remediation_queued_actions"  # gauge
 GUARD_REFUSALS = "fleethealth_guard_refusals_total"  # counter {guard}
 TICKETS_OPEN = "fleethealth_tickets_open"  # gauge {age_bucket}
+COMMON_CAUSE_OPEN = "fleethealth_remediation_common_cause_open"  # gauge {kind}: remediation/common_cause.py
+COMMON_CAUSE_HELD = "fleethealth_remediation_common_cause_held"  # gauge: incidents held behind one
 
 # ---- pipeline health
 CONSUMER_LAG = "fleethealth_pipeline_consumer_lag_messages"  # gauge {group, topic}

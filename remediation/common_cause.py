@@ -240,6 +240,9 @@ class CommonCause:
         self.conn.execute("UPDATE cc_children SET state='released' WHERE parent_id=? AND state='held'", (parent_id,))
         return [decode_incident(pl) for _, pl in rows]
 
+    def held_count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM cc_children WHERE state='held'").fetchone()[0])
+
     def child_ids(self, host: str) -> set[str]:
         """Incidents of this host that were children of a common cause (not the host's own fault)."""
         return {r[0] for r in self.conn.execute("SELECT incident_id FROM cc_children WHERE host=?", (host,))}

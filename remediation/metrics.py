@@ -22,6 +22,11 @@ class RemediationMetrics:
         self.dead_letters = Counter("fleethealth_remediation_dead_letters",
                                     "Incident messages dead-lettered (malformed, unknown failure mode)", registry=r)
         self.incidents = Counter("fleethealth_remediation_incidents", "Incidents handled", ["state"], registry=r)
+        self.common_cause = Gauge("fleethealth_remediation_common_cause_open",
+                                  "Open common-cause incidents by kind of shared part (switch, pdu, rack, ...)",
+                                  ["kind"], registry=r)
+        self.held = Gauge("fleethealth_remediation_common_cause_held",
+                          "Incidents held behind an open common-cause incident", registry=r)
         self.outbox = Gauge("fleethealth_tickets_outbox_pending", "Ticket events waiting for the webhook",
                             registry=r)
 

@@ -536,6 +536,13 @@ class RemediationWorker:
             m.tickets_open.labels(bucket).set(n)
         if self.sink is not None:
             m.outbox.set(self.sink.pending())
+        if self.common_cause is not None:
+            by_kind = dict.fromkeys(("switch", "pdu", "rack", "driver", "firmware"), 0)
+            for p in self.common_cause.open_parents():
+                by_kind[p.component.split(":", 1)[0]] = by_kind.get(p.component.split(":", 1)[0], 0) + 1
+            for kind, n in by_kind.items():
+                m.common_cause.labels(kind).set(n)
+            m.held.set(self.common_cause.held_count())
 
     def run(self, consumer: Consumer, *, stop: threading.Event | None = None, poll_timeout: float = 1.0,
             exit_when_idle_s: float | None = None, tick_every_s: float = 5.0) -> RunStats:

@@ -69,6 +69,11 @@ def test_leaf_switch_drill_30_of_100_hosts(tmp_path: Path) -> None:
     assert sched.calls == [], "default policy holds every child's drain behind the parent"
     held = w.common_cause.children(pid)
     assert len(held) == 30 and {s for _, _, s in held} == {"held"}
+    from prometheus_client import generate_latest
+
+    m = generate_latest(w.metrics.registry).decode()
+    assert 'fleethealth_remediation_common_cause_open{kind="switch"} 1.0' in m
+    assert "fleethealth_remediation_common_cause_held 30.0" in m
     # replaying the whole burst changes nothing
     for inc in incs:
         w.handle(inc)
