@@ -310,6 +310,8 @@ class RemediationWorker:
         # The ticket change, the key and the audit row commit together; the record kind follows
         # the event, which is only known inside the transaction.
         with self.store.tx():
+            if self.decided(key) in FINAL:  # another worker on this state DB decided it meanwhile
+                return []
             write()
             kind = "ticket_opened" if box["event"] == "opened" else "ticket_updated"
             prior = sum(hist.prior_within.values())
