@@ -51,6 +51,38 @@ def test_dry_run_records_actions_but_drains_nothing(result) -> None:
     assert states["healthy"] + states["suspect"] + states["drained"] + states["in_repair"] == 12
 
 
+def test_dry_run_guards_trip_and_would_drain_equals_the_audits_dry_run_drains(result) -> None:
+    """12 simulated hosts: the cap is 1 node at a time (10 %, min 1), evaluated on the simulated fleet's
+    own node list, as it would be live; held-back drains are 'queued', never counted as would-drain."""
+    res, tmp = result
+    would = [a for a in res.actions if a.kind == "drain" and a.outcome == "dry_run" and "step" not in a.details]
+    with sqlite3.connect(tmp / "state.sqlite") as conn:
+        audit = conn.execute("SELECT kind, outcome, host FROM audit ORDER BY seq").fetchall()
+    assert len(would) == sum(1 for k, o, _ in audit if k == "drain" and o == "dry_run")
+    assert any(k == "drain" and o == "queued" for k, o, _ in audit), "a 3000x fault rate must trip the cap"
+    held, peak = set(), 0
+    for k, o, host in audit:  # would-be drained nodes at each point of the run
+        if k == "drain" and o == "dry_run":
+            held.add(host)
+        elif k == "resume" and o == "dry_run":
+            held.discard(host)
+        peak = max(peak, len(held))
+    assert peak == 1
+    opened = Counter(a.id.split("|ticket|")[1].split("#")[0] for a in res.actions if a.kind == "ticket_opened")
+    assert opened and max(opened.values()) == 1  # one 'would open' per host/component, then 'would update'
+
+
+def test_run_honours_config_guards(tmp_path: Path) -> None:
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text("[guards]\nkill_switch = true\n")
+    res = run(RunOptions(**SIM, config=str(cfg)))
+    drains = [a for a in res.actions if a.kind == "drain"]
+    assert drains and all(a.outcome == "refused" and "kill switch" in a.reason for a in drains)
+    cfg.write_text("[guards]\nmax_incident_age_s = inf\n")
+    with pytest.raises(ValueError, match=r"fleet.toml: \[guards\].max_incident_age_s"):
+        run(RunOptions(simulate=True, hosts=6, duration="20m", quiet=True, config=str(cfg)))
+
+
 def test_run_is_deterministic_for_a_seed(result) -> None:
     res, _ = result
     again = run(RunOptions(**SIM))
