@@ -198,7 +198,7 @@ class Drainer:
             ctx = self.context(inc, node)
         except SchedulerError as exc:
             verdict = guards.Verdict(False, "inventory", "queued",
-                                     f"the scheduler's node list is unavailable ({exc}); drain queued")
+                                     f"the scheduler's node list is unavailable ({exc}); drain queued", scope="list")
         else:
             verdict = guards.drain(w.settings.guards, ctx)
         if not verdict.allow:
@@ -244,14 +244,17 @@ class Drainer:
         w.metrics.refusals.labels(v.guard).inc()
         if v.outcome == "refused":
             return [w.emit(inc, "drain", node, "refused", v.reason, key=key, details={**details, "guard": v.guard})]
-        payload = {"incident": encode(inc).decode(), "why": why, "node": node}
+        payload = {"incident": encode(inc).decode(), "why": why, "node": node, "guard": v.guard, "scope": v.scope}
+        # one alert per trip of a guard on a scope: none while another drain it holds back is queued
+        first = not w.store.queued_behind(v.guard, v.scope)
         rec = w.emit(inc, "drain", node, "queued", v.reason, key=key, details={**details, "guard": v.guard},
                      in_tx=lambda: w.store.enqueue(key, "drain", inc.host, inc.cluster, payload, v.reason, w.clock()))
-        alerts.append((v, node))
+        if first:
+            alerts.append((v, node))
         return [rec]
 
     def _alert(self, inc: Incident, node: str, v: guards.Verdict) -> list[ActionRecord]:
-        """One alert per guard and node for a held-back drain."""
+        """The alert for a guard that started holding drains back (its scope had none queued)."""
         w = self.w
         alert_key = f"{inc.id}|alert|{v.guard}:{node}"
         if w.decided(alert_key) is not None:

@@ -28,6 +28,7 @@ class Verdict:
     guard: str = ""  # which guard said no
     outcome: Literal["allow", "refused", "queued"] = "allow"
     reason: str = ""
+    scope: str = ""  # what the guard held back on (group, rack, node): one alert per guard and scope
 
 
 ALLOW = Verdict(True)
@@ -87,7 +88,7 @@ def drain(settings: GuardSettings, ctx: DrainContext) -> Verdict:
         return Verdict(False, "rate_limit", "queued",
                        f"rate window: {ctx.node} was drained {ctx.recent_drains_of_host} time(s) in the last "
                        f"{settings.rate_window_s:.0f}s (limit {settings.drains_per_host}); drain queued until the "
-                       "window allows it")
+                       "window allows it", scope=ctx.node)
     for g in ctx.groups:
         cap = drain_allowance(settings, g.size)
         if g.unavailable >= cap:
@@ -96,13 +97,13 @@ def drain(settings: GuardSettings, ctx: DrainContext) -> Verdict:
             return Verdict(False, guard, "queued",
                            f"{guard.replace('_', ' ')}: {g.unavailable} of {g.size} nodes in {what} are unavailable "
                            f"per the scheduler (limit {cap} = {settings.max_drain_fraction:.0%}, min "
-                           f"{settings.min_drain_allowance}); drain of {ctx.node} queued")
+                           f"{settings.min_drain_allowance}); drain of {ctx.node} queued", scope=g.name)
     if ctx.racks_configured and not ctx.rack:
         return Verdict(False, "rack_unknown", "queued",
                        f"rack of {ctx.node} unknown (racks are configured, this node has none): drain queued "
-                       "until the scheduler or [guards].racks names its rack")
+                       "until the scheduler or [guards].racks names its rack", scope="rack_unknown")
     if ctx.rack and ctx.rack_unavailable >= settings.max_drained_per_rack:
         return Verdict(False, "rack_cap", "queued",
                        f"rack cap: {ctx.rack_unavailable} nodes of rack {ctx.rack!r} are unavailable "
-                       f"(limit {settings.max_drained_per_rack}); drain of {ctx.node} queued")
+                       f"(limit {settings.max_drained_per_rack}); drain of {ctx.node} queued", scope=ctx.rack)
     return ALLOW

@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS holds (
 CREATE TABLE IF NOT EXISTS queue (
   key TEXT PRIMARY KEY, kind TEXT NOT NULL, host TEXT NOT NULL, cluster TEXT NOT NULL,
   payload TEXT NOT NULL, reason TEXT NOT NULL, ts REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS queue_guard ON queue(json_extract(payload, '$.guard'), json_extract(payload, '$.scope'))
+  WHERE kind='drain';
 CREATE TABLE IF NOT EXISTS sightings (
   incident_id TEXT PRIMARY KEY, host TEXT NOT NULL, component TEXT NOT NULL,
   failure_mode TEXT NOT NULL, first_seen REAL NOT NULL);
@@ -213,6 +215,11 @@ class RemediationStore:
         sql = "SELECT * FROM queue" + (" WHERE kind=?" if kind else "") + " ORDER BY ts, key"
         rows = self.conn.execute(sql, (kind,) if kind else ()).fetchall()
         return [QueuedRow(**{**dict(r), "payload": json.loads(r["payload"])}) for r in rows]
+
+    def queued_behind(self, guard: str, scope: str) -> bool:
+        """Whether a drain held back by ``guard`` on ``scope`` is queued now."""
+        return self.conn.execute("SELECT 1 FROM queue WHERE kind='drain' AND json_extract(payload, '$.guard')=? "
+                                 "AND json_extract(payload, '$.scope')=? LIMIT 1", (guard, scope)).fetchone() is not None
 
     def dequeue(self, key: str) -> None:
         with self.tx() as c:

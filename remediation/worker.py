@@ -174,6 +174,12 @@ class RemediationWorker:
 
     def handle(self, inc: Incident, *, settled: bool = False) -> list[ActionRecord]:
         """``settled``: an incident that waited for a common cause to form and none did."""
+        if self.dry_run:  # nothing outside the state DB happens: one transaction per incident
+            with self.store.tx():
+                return self._handle(inc, settled)
+        return self._handle(inc, settled)
+
+    def _handle(self, inc: Incident, settled: bool) -> list[ActionRecord]:
         if not settled:
             self.metrics.incidents.labels(inc.state).inc()
         now = self.clock()  # the receiver's clock: a message's own timestamps never stand in for it
@@ -296,8 +302,9 @@ class RemediationWorker:
         if self.decided(key) in FINAL:
             return []
         if self.dry_run:  # no ticket is written; the first would open one, later ones would update it
-            opened = self.store.conn.execute("SELECT 1 FROM effects WHERE kind='ticket_opened' AND target=? "
-                                             "AND status='dry_run' LIMIT 1", (target,)).fetchone() is not None
+            opened = self.store.conn.execute(
+                "SELECT 1 FROM audit WHERE host=? AND kind='ticket_opened' AND outcome='dry_run' AND component=? "
+                "LIMIT 1", (inc.host, inc.component)).fetchone() is not None
             kind = "ticket_updated" if opened else "ticket_opened"
             return [self.emit(inc, kind, target, "dry_run",
                               f"would {'update the' if opened else 'open a'} {priority} ticket: {why}", key=key)]
@@ -367,8 +374,13 @@ class RemediationWorker:
     def tick(self) -> list[ActionRecord]:
         """Periodic work: settled incidents, common causes closed by their ticket, queued
         drains/evictions, resumes after repair, webhook delivery, gauges."""
-        out = (self.common_cause_tick() + self.drainer.process_queue() + self.job_deadlines_tick()
-               + self.drainer.check_resumes())
+        if self.dry_run:  # one transaction: nothing outside the state DB happens
+            with self.store.tx():
+                out = (self.common_cause_tick() + self.drainer.process_queue() + self.job_deadlines_tick()
+                       + self.drainer.check_resumes())
+        else:
+            out = (self.common_cause_tick() + self.drainer.process_queue() + self.job_deadlines_tick()
+                   + self.drainer.check_resumes())
         if self.sink is not None:
             self.sink.deliver()
         else:

@@ -140,7 +140,8 @@ def test_forged_cluster_and_rack_labels_do_not_lift_the_cap(tmp_path: Path, kafk
     assert sorted(in_slurm) == done
     reasons = [r for (r,) in _audit(db, "SELECT reason FROM audit WHERE kind='drain' AND outcome='queued'")]
     assert all(f"of {size} nodes in cluster" in r for r in reasons), reasons[:2]
-    assert len(_audit(db, "SELECT 1 FROM audit WHERE kind='alert'")) == len(queued)  # one alert per held drain
+    # one alert when the cap started holding drains back, not one per held drain (features.md V8: 28 alerts)
+    assert len(_audit(db, "SELECT 1 FROM audit WHERE kind='alert'")) == (1 if queued else 0)
 
 
 def _reboot_hook(tmp: Path) -> tuple[str, Path]:
