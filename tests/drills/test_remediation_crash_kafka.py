@@ -23,7 +23,7 @@ from fleethealth.kafka_bus import KafkaBus, ensure_topics
 from fleethealth.schema import encode
 from tests.drills import harness as h
 from tests.remediation.helpers import incident
-from tests.remediation.slurm_util import restore, show
+from tests.remediation.slurm_util import restore, show, wait_for_room
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slurm, pytest.mark.slow]
 NODE = "gpu-node-006"  # tests/remediation/test_crash.py uses 007
@@ -32,6 +32,7 @@ NODE = "gpu-node-006"  # tests/remediation/test_crash.py uses 007
 @pytest.fixture
 def node(slurm_conf: str) -> Iterator[str]:
     restore(NODE)
+    wait_for_room()
     yield NODE
     restore(NODE)
 

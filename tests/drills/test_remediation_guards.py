@@ -40,7 +40,7 @@ from remediation.settings import AllSettings, GuardSettings
 from remediation.slurm import SlurmScheduler
 from tests.drills import harness as h
 from tests.remediation.helpers import Clock, incident, kinds, make_worker
-from tests.remediation.slurm_util import show
+from tests.remediation.slurm_util import show, wait_for_room
 
 pytestmark = [pytest.mark.drill, pytest.mark.slurm, pytest.mark.slow]
 NODES = [f"gpu-node-00{i}" for i in range(1, 9)]
@@ -76,11 +76,9 @@ def unavailable() -> list[str]:
     return sorted(n for n, st in SlurmScheduler().inventory().items() if st.drained)
 
 
-def _wait_free(limit_s: float = 60.0) -> None:
+def _wait_free() -> None:
     """Wait (bounded) for the shared cluster to have no unavailable node, so the cap has room."""
-    deadline = time.monotonic() + limit_s
-    while unavailable() and time.monotonic() < deadline:
-        time.sleep(1.0)
+    wait_for_room()
 
 
 def _audit(db: Path, sql: str, *args: object) -> list[tuple]:

@@ -24,3 +24,17 @@ def restore(*nodes: str) -> None:
         st = show(n)
         if st.drained:
             subprocess.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], capture_output=True, timeout=15)
+
+
+def wait_for_room(limit_s: float = 90.0) -> list[str]:
+    """Wait (bounded) until no node of the shared test cluster is drained or down. The caps count
+    every unavailable node the scheduler lists (9 nodes: 1 may be unavailable), so a node another
+    test holds for a moment would queue this test's drain. Returns the nodes still unavailable."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        busy = sorted(n for n, st in SlurmScheduler().inventory().items() if st.drained)
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(1.0)

@@ -15,7 +15,7 @@ import pytest
 from fleethealth.bus import INCIDENTS, JsonlBus
 from fleethealth.schema import encode
 from tests.remediation.helpers import incident
-from tests.remediation.slurm_util import restore, show
+from tests.remediation.slurm_util import restore, show, wait_for_room
 
 NODE = "gpu-node-007"
 
@@ -33,6 +33,7 @@ def remediate(tmp: Path, bus: Path, crash: str | None) -> subprocess.CompletedPr
 @pytest.fixture
 def node(slurm_conf: str) -> Iterator[str]:
     restore(NODE)
+    wait_for_room()
     yield NODE
     restore(NODE)
 

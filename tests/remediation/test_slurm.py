@@ -14,7 +14,7 @@ import pytest
 from remediation.settings import AllSettings, GuardSettings, HookSettings, RemediationSettings
 from remediation.slurm import SlurmScheduler, parse_show_node
 from tests.remediation.helpers import incident, kinds, make_worker
-from tests.remediation.slurm_util import restore, show, sinfo_reason
+from tests.remediation.slurm_util import restore, show, sinfo_reason, wait_for_room
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "remediation"
 
@@ -34,6 +34,7 @@ def test_parse_show_node_captured_lines() -> None:
 @pytest.fixture
 def nodes(slurm_conf: str) -> Iterator[list[str]]:
     used: list[str] = []
+    wait_for_room()
     yield used
     restore(*used)
 
