@@ -53,7 +53,7 @@ KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "staleness": {"intervals": (NUM, True), "min_s": (NUM, False)},
 }
 COMMON = {"id", "kind", "failure_mode", "severity", "confidence", "evidence", "quiet_s", "description",
-          "component", "snapshot", "stream"}
+          "component", "snapshot", "stream", "fold"}
 # ``snapshot:`` (how diagnose reads the rule on one capture): ``false`` (not judged on a capture), or
 # a mapping of this kind's keys to use instead, plus ``lifetime_gt`` (a window/rate rule judged on
 # the lifetime value a capture shows) and ``confidence``.
@@ -79,6 +79,7 @@ class RuleSpec:
     component: str = "default"
     snapshot: dict[str, Any] | None = field(default_factory=dict)  # None: skipped in snapshot mode
     stream: bool = True  # false: a capture-only rule (lifetime counters the collector does not read)
+    fold: str = ""  # "all_gpus": fired on every GPU of a host at once = one host finding
 
     def error(self, key: str | None, msg: str) -> RuleError:
         return RuleError(f"{self.lines.get(key or '', self.where)}: rule {self.id!r}: {msg}")
@@ -178,7 +179,14 @@ def _parse_rule(node: yaml.Node, name: str) -> RuleSpec:
             raise RuleError(f"{at}: rule {rid!r}: kind {kind} needs '{key}'")
     return RuleSpec(rid, kind, mode, sev, float(conf), ev, params, at, lines,
                     float(quiet) if quiet is not None else None, str(raw.get("description", "")), naming, snap,
-                    raw.get("stream", kind != "fact") is not False)
+                    raw.get("stream", kind != "fact") is not False, _fold(raw, lines, at, rid))
+
+
+def _fold(raw: dict[str, Any], lines: dict[str, str], at: str, rid: str) -> str:
+    fold = raw.get("fold", "")
+    if fold not in ("", "all_gpus"):
+        raise RuleError(f"{lines.get('fold', at)}: rule {rid!r}: fold must be all_gpus")
+    return str(fold)
 
 
 def rules_dir() -> Path:

@@ -63,7 +63,8 @@ def snapshot_view(spec: RuleSpec) -> RuleSpec | None:
         params["for_samples"] = 1
     params.update(ov)
     return RuleSpec(spec.id, kind, spec.failure_mode, spec.severity, conf, evidence, params, spec.where,
-                    spec.lines, spec.quiet_s, spec.description, spec.component, spec.snapshot, spec.stream)
+                    spec.lines, spec.quiet_s, spec.description, spec.component, spec.snapshot, spec.stream,
+                    spec.fold)
 
 
 class RuleSet:
@@ -125,7 +126,23 @@ class RuleSet:
         self.scopes: list[tuple[str, list[Evaluator], int]] = [
             (s, evaluators[s], self.nslots.get(s, MEM0)) for s in SCOPES if evaluators.get(s)
         ]
-        self.evaluate = compile_ruleset(self.scopes)
+        generated = compile_ruleset(self.scopes)
+        # rules whose finding on every GPU of a host at once is one host-level fault (the PSU's
+        # power brake on all eight GPUs is one event, not eight GPU faults): ``fold: all_gpus``
+        self.fold_all = frozenset(s.id for s in specs if s.fold == "all_gpus")
+        if self.fold_all:
+            fold_all = self.fold_all
+
+            def evaluate(st: HostState, sample: Sample, out: list[Finding]) -> None:
+                n = len(out)
+                generated(st, sample, out)
+                if len(out) > n:
+                    _fold_all_gpus(sample, out, n, fold_all)
+
+            evaluate.source = generated.source  # type: ignore[attr-defined]
+            self.evaluate = evaluate
+        else:
+            self.evaluate = generated
 
     @classmethod
     def load(cls, paths: list[Path] | None = None, *, snapshot: bool = False) -> RuleSet:
@@ -145,6 +162,8 @@ class RuleSet:
                     mem[0] = comp
                 for ev in evs:
                     ev.check(mem, st, comp, elem, sample, out)
+        if self.fold_all:
+            _fold_all_gpus(sample, out, 0, self.fold_all)
 
     def evaluate_snapshot(self, sample: Sample, facts: list[Any] | None = None) -> list[Finding]:
         """One capture, statelessly: counters count from zero; ``facts`` (parsed observations the
@@ -168,6 +187,22 @@ class RuleSet:
 
     def modes(self) -> set[str]:
         return {s.failure_mode for s in self.specs}
+
+
+def _fold_all_gpus(sample: Sample, out: list[Finding], start: int, rule_ids: frozenset[str]) -> None:
+    """A ``fold: all_gpus`` rule that fired on every present GPU (two or more) in this sample: one
+    finding on the host instead, naming the GPUs in its evidence."""
+    gpus = sum(1 for g in sample.gpus if g.present)
+    if gpus < 2:
+        return
+    for rid in rule_ids:
+        mine = [f for f in out[start:] if f.detector == rid]
+        if len({f.component for f in mine}) < gpus:
+            continue
+        first = mine[0]
+        first.evidence[0].fact += f" (on all {gpus} GPUs: one host-level cause)"
+        first.component = "host"
+        out[start:] = [f for f in out[start:] if f.detector != rid or f is first]
 
 
 def evaluate_snapshot(sample: Sample, rules: RuleSet | None = None, facts: list[Any] | None = None) -> list[Finding]:

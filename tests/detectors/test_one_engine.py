@@ -201,3 +201,25 @@ def test_counter_widths_are_data_and_saturation_is_at_least() -> None:
     found = RuleSet.load(snapshot=True).evaluate_snapshot(s)
     (f,) = [f for f in found if f.detector == "net.symbol-errors"]
     assert "saturated" in f.evidence[0].fact
+
+
+def test_power_brake_on_every_gpu_is_one_host_finding() -> None:
+    import msgspec
+
+    def brake(which):
+        def fn(s):
+            for i in which:
+                s.gpus[i] = msgspec.structs.replace(s.gpus[i], clocks_event_reasons=0x80)
+        return fn
+
+    for which, want in ((range(8), {"host"}), ([3], {"GPU-h1-03-0000-4c2a-9b1e"})):
+        h = HostSeries("h1")
+        stream, st, out = RuleSet.load(), HostState("h1"), []
+        for _ in range(4):
+            s = h.advance(brake(which))
+            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
+            stream.evaluate(st, s, out)
+        got = {f.component for f in out if f.detector == "gpu.throttle.power-brake"}
+        assert got == want
+        snap = RuleSet.load(snapshot=True).evaluate_snapshot(s)
+        assert {f.component for f in snap if f.detector == "gpu.throttle.power-brake"} == want
