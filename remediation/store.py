@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleethealth.errors import UserError
 from fleethealth.schema import ActionRecord, encode
 
 FINAL = frozenset({"done", "dry_run", "skipped"})  # a key in one of these is never acted on again
@@ -90,12 +91,16 @@ def connect(path: str | Path) -> sqlite3.Connection:
 
     if str(path) != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=30000")
-    conn.executescript(SCHEMA + TICKET_SCHEMA)
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.executescript(SCHEMA + TICKET_SCHEMA)
+    except sqlite3.DatabaseError as exc:  # garbage, a truncated file, another program's DB (security.md F18)
+        raise UserError(f"{path}: not a usable remediation state DB ({exc}); nothing was changed. Restore it "
+                        "from a backup or point --state-db elsewhere") from None
     return conn
 
 

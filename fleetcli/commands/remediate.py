@@ -28,6 +28,16 @@ A GPU reset or reboot request goes out only once the node's drain is in place.
 """
 
 
+BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def printable(text: str) -> str:
+    """Telemetry text for a terminal: control characters (C0, DEL, C1) and bidi overrides escaped,
+    so a host name cannot clear the screen or draw a fake row (security.md F15)."""
+    return "".join(c if c.isprintable() and c not in BIDI else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def _scheduler(kind: str, settings: Any) -> Any:
     """The scheduler adapter; None for "none" (the worker then uses [guards].nodes as its list)."""
     if kind == "slurm":
@@ -129,8 +139,8 @@ def cmd_tickets(args: argparse.Namespace) -> int:
             else:
                 print(f"{'ID':>5}  {'STATE':<10} {'PRIO':<7} {'HOST':<20} {'COMPONENT':<28} {'MODE':<22} N")
                 for t in rows:
-                    print(f"{t.id:>5}  {t.state:<10} {t.priority:<7} {t.host:<20} {t.component[:28]:<28} "
-                          f"{t.failure_mode:<22} {t.occurrences}")
+                    print(f"{t.id:>5}  {t.state:<10} {t.priority:<7} {printable(t.host):<20} "
+                          f"{printable(t.component)[:28]:<28} {printable(t.failure_mode):<22} {t.occurrences}")
             return 0
         if args.tickets_cmd == "show":
             t = tickets.get(args.id)

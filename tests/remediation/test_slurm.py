@@ -13,7 +13,7 @@ import pytest
 
 from remediation.settings import AllSettings, GuardSettings, HookSettings, RemediationSettings
 from remediation.slurm import SlurmScheduler, parse_show_node
-from tests.remediation.helpers import incident, kinds, make_worker
+from tests.remediation.helpers import Clock, incident, kinds, make_worker
 from tests.remediation.slurm_util import restore, show, sinfo_reason, wait_for_room
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "remediation"
@@ -198,3 +198,28 @@ def test_failing_and_missing_hooks_are_recorded_with_their_words(tmp_path: Path,
     recs = w2.handle(incident(node, "gpu_gsp_error"))
     r = next(r for r in recs if r.kind == "reset_gpu")
     assert r.outcome == "skipped" and "no operator hook" in r.reason
+
+
+@pytest.mark.slurm
+def test_post_repair_check_gates_the_resume(tmp_path: Path, nodes: list[str]) -> None:
+    node = "gpu-node-004"
+    nodes.append(node)
+    restore(node)
+    verdict = tmp_path / "verdict"
+    verdict.write_text("1")
+    check = [sys.executable, "-c", f"import sys; print('dcgmi diag -r 2 on', sys.argv[1]); "
+             f"sys.exit(int(open({str(verdict)!r}).read()))", "{node}"]
+    clock = Clock()
+    s = AllSettings(remediation=RemediationSettings(hooks=HookSettings(post_repair_check=check)))
+    w = make_worker(tmp_path, s, scheduler=SlurmScheduler(), clock=clock)
+    if wait_for_room():
+        pytest.skip("another test holds a node of the shared cluster: the cap (1 of 9) is taken")
+    inc = incident(node, "gpu_gsp_error", now=clock.t)
+    assert kinds(w.handle(inc))[0] == ("drain", "done")
+    recs = w.handle(incident(node, "gpu_gsp_error", id=inc.id, state="resolved"))
+    assert kinds(recs) == [("resume", "refused")] and "post-repair check failed" in recs[0].reason
+    assert f"dcgmi diag -r 2 on {node}" in recs[0].reason and show(node).drained
+    verdict.write_text("0")
+    assert w.tick() == []  # a failed check is retried after post_repair_retry_s, not every tick
+    clock.t += 601
+    assert kinds(w.tick()) == [("resume", "done")] and not show(node).drained

@@ -105,6 +105,25 @@ def test_tickets_cli_list_show_close(tmp_path: Path) -> None:
     assert cli("show", "999").returncode == 2
 
 
+def test_tickets_list_escapes_control_characters_and_a_corrupt_db_is_a_clean_error(tmp_path: Path) -> None:
+    db = tmp_path / "s.sqlite"
+    st = RemediationStore.open(db)
+    evil = "gpu-node-007\x1b[2J\x1b[H\x1b]0;owned\x07 GPU-1\r\u202e"
+    with st.tx():  # written straight to the store: the contract's own checks are not what is tested here
+        TicketStore(st.conn).open_or_update(incident(evil, "gpu_thermal"), "normal", time.time())
+    st.close()
+    out = subprocess.run([sys.executable, "-m", "fleetcli.cli", "tickets", "--state-db", str(db), "list"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "\x1b" not in out.stdout and "\r" not in out.stdout and "\u202e" not in out.stdout
+    assert "gpu-node-007\\x1b[2J" in out.stdout  # shown escaped
+    bad = tmp_path / "garbage.sqlite"
+    bad.write_bytes(b"this is not an SQLite file" * 100)
+    out = subprocess.run([sys.executable, "-m", "fleetcli.cli", "tickets", "--state-db", str(bad), "list"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "not a usable remediation state DB" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def _three_events(st: RemediationStore) -> None:
     tk = TicketStore(st.conn)
     with st.tx():
