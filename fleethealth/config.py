@@ -20,7 +20,7 @@ from fleethealth.bus import Bus, InProcessBus, JsonlBus
 T = TypeVar("T")
 KNOWN_SECTIONS = frozenset({
     "fleet", "kafka", "collector", "exporter", "simulate", "detector", "remediation", "slurm",
-    "kubernetes", "tickets", "guards", "webhook", "dashboards", "run",
+    "kubernetes", "tickets", "guards", "webhook", "dashboards", "run", "common_cause", "jobs", "verify",
 })
 
 

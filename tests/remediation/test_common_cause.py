@@ -256,3 +256,21 @@ def test_common_cause_children_do_not_make_a_lemon(tmp_path: Path) -> None:
         clock.t += 3600
     recs = w.handle(incident(HOSTS[0], "gpu_hw_error", now=clock.t, component="GPU-z"))
     assert not any("lemon" in r.reason for r in recs)
+
+
+def test_config_sections_are_checked_at_start_up(tmp_path: Path) -> None:
+    from fleethealth.config import ConfigError, load_config
+    from remediation.settings import load_settings
+
+    good = tmp_path / "ok.toml"
+    good.write_text(f'[common_cause]\ntopology = "{tmp_path / "topology.yaml"}"\nmin_hosts = 4\n'
+                    '[jobs]\ndeadline_s = 7200\n[verify]\ncommand = "dcgmi diag -r 2"\n')
+    s = load_settings(load_config(good))
+    assert (s.common_cause.min_hosts, s.jobs.deadline_s, s.verify.command) == (4, 7200.0, "dcgmi diag -r 2")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[common_cause]\nmin_hosts = 1\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: \[common_cause\].min_hosts"):
+        load_settings(load_config(bad))
+    s = load_settings(load_config(good))
+    with pytest.raises(TopologyError, match="cannot read the topology file"):
+        make_worker(tmp_path, s)
