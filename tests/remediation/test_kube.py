@@ -188,3 +188,13 @@ def test_kubernetes_verification_job_fails_and_reopens_the_ticket(tmp_path: Path
     assert kube.nodes["gpu-node-003"]["spec"]["unschedulable"] is True
     t2 = w.tickets.get(t.id)
     assert t2.state == "open" and "GPU 3 DBE" in t2.evidence[-1]["fact"]
+
+
+def test_count_drained_fleethealth_leaves_operator_cordons_out_of_the_cap(tmp_path: Path, kube: FakeKube) -> None:
+    kube.nodes["gpu-node-004"]["spec"]["unschedulable"] = True  # a person's cordon: 1 of 4, the whole cap
+    w = make_worker(tmp_path, AllSettings(), scheduler=sched(kube))
+    held = w.handle(incident("gpu-node-002", "pcie_fatal"))[0]
+    assert (held.outcome, held.details["guard"]) == ("queued", "cluster_cap")
+    w2 = make_worker(tmp_path / "b", AllSettings(guards=GuardSettings(count_drained="fleethealth")),
+                     scheduler=sched(kube))
+    assert w2.handle(incident("gpu-node-003", "pcie_fatal"))[0].outcome == "done"

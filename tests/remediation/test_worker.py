@@ -189,3 +189,16 @@ def test_run_stops_on_event(tmp_path: Path) -> None:
     stop.set()
     t.join(5)
     assert not t.is_alive()
+
+
+def test_rack_cap_counts_the_configured_racks_not_the_message_label(tmp_path: Path) -> None:
+    g = GuardSettings(nodes=["gpu-node-[001-040]"], max_drained_per_rack=1,
+                      racks={"r1": ["gpu-node-[001-004]"], "r2": ["gpu-node-[005-040]"]})
+    w = make_worker(tmp_path, AllSettings(remediation=RemediationSettings(dry_run=True), guards=g))
+    a = w.handle(incident("gpu-node-001", "gpu_fell_off_bus", rack="r2"))[0]
+    b = w.handle(incident("gpu-node-002", "gpu_fell_off_bus", rack="forged-elsewhere"))[0]
+    c = w.handle(incident("gpu-node-005", "gpu_fell_off_bus", rack="r1"))[0]
+    assert (a.outcome, b.outcome, c.outcome) == ("dry_run", "queued", "dry_run")
+    assert b.details["guard"] == "rack_cap" and "rack 'r1'" in b.reason
+    d = w.handle(incident("gpu-node-039", "gpu_fell_off_bus"))[0]  # r2 has one already: the rack cap holds
+    assert (d.outcome, d.details["guard"]) == ("queued", "rack_cap")
