@@ -35,23 +35,49 @@ Run the whole pipeline on one machine with `fleethealth run`; at fleet scale run
 every GPU host and `detect` / `remediate` as Kafka consumer groups. See README.md.
 """
 
-# Parts that add subcommands. Order = order in --help.
-PLUGINS = (
-    "fleetcli.commands.collect",
-    "fleetcli.commands.simulate",
-    "fleetcli.commands.diagnose",
-    "fleetcli.commands.train",
-    "fleetcli.commands.detect",
-    "fleetcli.commands.remediate",
-    "fleetcli.commands.dashboards",
-    "fleetcli.pipeline",
-    "fleetcli.commands.prom_import",
+# Every subcommand: (name, the module that registers it, its one-line help). Order = order in --help.
+# Only the module of the command being run is imported, so `fleethealth --help` and `--version` do
+# not pay for the parsers, the engine, scikit-learn or the Kafka clients (issue 18; the table and the
+# modules' own registrations are held together by tests/spine/test_startup_imports.py).
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("collect", "fleetcli.commands.collect", "run the per-host collector daemon"),
+    ("simulate", "fleetcli.commands.simulate", "write a labelled synthetic fleet recording"),
+    ("replay", "fleetcli.commands.simulate", "stream a recording into the bus (and score it)"),
+    ("diagnose", "fleetcli.commands.diagnose", "offline doctor for captured tool output and logs"),
+    ("train", "fleetcli.commands.train", "fit the ML detectors on simulated labelled fleets"),
+    ("detect", "fleetcli.commands.detect", "the streaming detectors (a Kafka consumer group)"),
+    ("identity-key", "fleetcli.commands.detect", "print a host's telemetry signing key (from the operator secret)"),
+    ("remediate", "fleetcli.commands.remediate", "act on incidents: drain, reset/reboot requests, repair tickets"),
+    ("tickets", "fleetcli.commands.remediate", "the repair-ticket store: list, show, close"),
+    ("dashboards", "fleetcli.commands.dashboards", "build the Grafana dashboards from code"),
+    ("run", "fleetcli.pipeline", "the whole pipeline in one process (simulated fleet or replay)"),
+    ("demo", "fleetcli.pipeline", "`run` on the shipped 64-host smoke set, scored, with an HTML report"),
+    ("fleet-metrics", "fleetcli.pipeline", "fleet-state and pipeline-health metrics from Kafka (port 9403)"),
+    ("import", "fleetcli.commands.prom_import", "import telemetry history from another system (Prometheus)"),
 )
+PLUGINS = tuple(dict.fromkeys(mod for _, mod, _ in COMMANDS))
+_GLOBAL_WITH_VALUE = {"--config", "--log-level", "--log-format"}
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv (the first word after the global options), or None."""
+    it = iter(argv)
+    for a in it:
+        if a == "--":
+            return next(it, None)
+        if a in _GLOBAL_WITH_VALUE:
+            next(it, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
 
 USER_ERRORS = (ConfigError, ContractError, BusError, XidTableError, UnknownFailureMode, FleetHealthError)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``argv``, only the named command's module is imported (the others
+    appear in --help from COMMANDS, without their flags)."""
     p = argparse.ArgumentParser(
         prog="fleethealth", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -60,19 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     flag(p, "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     flag(p, "--log-format", default="text", choices=["json", "text"], help="structured JSON logs or text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = _command_of(argv) if argv is not None else None
+    target = next((mod for name, mod, _ in COMMANDS if name == wanted), None) if argv is not None else None
     for mod in PLUGINS:
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name and mod.startswith(exc.name):
-                continue  # that part is not installed in this build
-            raise
-        module.register(sub)
+        if argv is not None and mod != target:
+            continue
+        importlib.import_module(mod).register(sub)
+    if argv is not None:
+        for name, mod, help_ in COMMANDS:
+            if mod != target:
+                sub.add_parser(name, help=help_, add_help=False)  # listed in --help; run imports it
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.diagnose.doctor import run
 from fleethealth.cliutil import flag
 
 
 def _handler(args: Any) -> int:
+    from detectors.diagnose.doctor import run  # here, not at registration: `--help` stays light
+
     return run(args.paths, as_json=args.json, host=args.host, rules_path=args.rules)
 
 
