@@ -229,3 +229,13 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     r = subprocess.run(["systemd-analyze", "verify", "--man=no", *copies], capture_output=True, text=True, timeout=120)
     problems = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     assert r.returncode == 0 and not problems, "\n".join(problems)
+
+
+def test_the_shipped_remediation_config_loads(tmp_path: Path) -> None:
+    from fleethealth.config import load_config
+    from remediation.settings import load_settings
+
+    cm = next(d for _, d in DOCS if d["metadata"]["name"] == "fleethealth-config")
+    (tmp_path / "fleethealth.toml").write_text(cm["data"]["fleethealth.toml"])
+    s = load_settings(load_config(tmp_path / "fleethealth.toml"))
+    assert s.remediation.scheduler == "kubernetes" and s.remediation.dry_run is True
