@@ -126,7 +126,7 @@ class RuleSet:
         self.scopes: list[tuple[str, list[Evaluator], int]] = [
             (s, evaluators[s], self.nslots.get(s, MEM0)) for s in SCOPES if evaluators.get(s)
         ]
-        generated = compile_ruleset(self.scopes)
+        generated = self.generated = compile_ruleset(self.scopes)
         # rules whose finding on every GPU of a host at once is one host-level fault (the PSU's
         # power brake on all eight GPUs is one event, not eight GPU faults): ``fold: all_gpus``
         self.fold_all = frozenset(s.id for s in specs if s.fold == "all_gpus")

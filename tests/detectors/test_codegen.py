@@ -116,7 +116,7 @@ def test_generated_matches_interpreted_over_shipped_recordings(name):
 
 def test_generated_source_is_in_linecache():
     """A traceback through the generated evaluator shows its source lines."""
-    fn = RuleSet.load().evaluate
+    fn = RuleSet.load().generated
     name = fn.__code__.co_filename
     assert linecache.getline(name, 1).startswith("def evaluate(st, sample, out):")
     assert linecache.getlines(name) == fn.source.splitlines(True)
