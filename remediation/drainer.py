@@ -309,7 +309,11 @@ class Drainer:
                                   in_tx=partial(w.store.dequeue, q.key)))
                 continue
             if q.kind == "drain":
-                out += self.drain(inc, q.payload["why"], from_queue=True)
+                recs = self.drain(inc, q.payload["why"], from_queue=True)
+                out += recs
+                if any(r.kind == "drain" and r.outcome in ("done", "dry_run") and "step" not in r.details
+                       for r in recs):  # the jobs on the node, as for a drain that went at once
+                    out += w.after_drain(inc, w.urgency(inc))[0]
             elif q.kind in REQUESTS:
                 out += w.hook_request(inc, "reset_gpu" if q.kind == "reset_gpu" else "reboot", q.payload["why"],
                                       from_queue=True)

@@ -400,6 +400,10 @@ class RemediationWorker:
 
     # ------------------------------------------------------------------ jobs on a drained node
 
+    def urgency(self, inc: Incident) -> str:
+        """What the policy says a drain of this incident does to the node's jobs (fatal | predictive)."""
+        return urgency_of(inc.severity, self.policy.decide(inc, self.history(inc)).urgency)
+
     def after_drain(self, inc: Incident, urgency: str) -> tuple[list[ActionRecord], Incident]:
         """Fatal: requeue the node's jobs, then DOWN. Predictive: let them finish until the deadline.
         Returns the records and the incident with the job ids added to its evidence."""

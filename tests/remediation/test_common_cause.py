@@ -274,3 +274,50 @@ def test_config_sections_are_checked_at_start_up(tmp_path: Path) -> None:
     s = load_settings(load_config(good))
     with pytest.raises(TopologyError, match="cannot read the topology file"):
         make_worker(tmp_path, s)
+
+
+# --------------------------------------------------------------------------- jobs on a queued drain
+
+
+class _Jobs:
+    """Job control as the Slurm one answers (the real one: tests/remediation/test_jobs_slurm.py)."""
+
+    def __init__(self) -> None:
+        from remediation.jobs import Job
+
+        self.running = {h: [Job(f"{100 + i}", "alice", "RUNNING", "train")] for i, h in enumerate(HOSTS)}
+        self.calls: list[tuple[str, str]] = []
+
+    def on_node(self, node: str):
+        return list(self.running.get(node, []))
+
+    def requeue(self, job_id: str) -> None:
+        self.calls.append(("requeue", job_id))
+
+    def down(self, node: str, reason: str) -> None:
+        self.calls.append(("down", node))
+
+
+def test_a_drain_queued_behind_the_rack_cap_requeues_its_jobs_when_it_goes(tmp_path: Path) -> None:
+    clock = Clock(1_800_000_000.0)
+    s = AllSettings(guards=GuardSettings(nodes=["gpu-node-[001-100]"]))
+    racks = {h: f"r{(i // 8) + 1}" for i, h in enumerate(HOSTS)}
+    sched = MemoryScheduler(HOSTS, racks)
+    w = make_worker(tmp_path, s, scheduler=sched, clock=clock)
+    jobs = _Jobs()
+    w.job_control.jobs = jobs  # type: ignore[assignment]
+    incs = [incident(h, "gpu_fell_off_bus", now=clock.t) for h in HOSTS[:3]]  # rack r1: cap 2
+    for inc in incs:
+        w.handle(inc)
+    assert jobs.calls == [("requeue", "100"), ("down", HOSTS[0]), ("requeue", "101"), ("down", HOSTS[1])]
+    w.handle(incident(HOSTS[0], "gpu_fell_off_bus", now=clock.t, id=incs[0].id, state="resolved"))
+    t = w.tickets.open_for(HOSTS[0], incs[0].component)
+    with w.store.tx():
+        w.tickets.set_state(t.id, "repaired", clock.t)
+    clock.t += 5
+    w.tick()  # host 1 resumes: room in the rack
+    assert ("resume", HOSTS[0]) in sched.calls
+    clock.t += 15
+    w.tick()  # the queued drain of host 3 goes, and its job is requeued
+    assert ("drain", HOSTS[2]) in sched.calls
+    assert jobs.calls[-2:] == [("requeue", "102"), ("down", HOSTS[2])]
