@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,7 +181,7 @@ def spec_values(spec: MetricSpec, obj: Any) -> Iterator[tuple[tuple[str, ...], f
         m = re.search(r"\[(\w+)\]$", concrete)
         if m:
             coll = _resolve(obj, concrete[: m.start()])
-            items = coll.items() if isinstance(coll, dict) else enumerate(coll or [])
+            items: Iterable[tuple[Any, Any]] = coll.items() if isinstance(coll, dict) else enumerate(coll or [])
             for k, v in items:
                 n = _num(v)
                 if n is not None:
@@ -229,7 +229,7 @@ class SampleMetrics:
             yield from ((k, float(v)) for k, v in self._kernel.items())
             return
         if spec.scope == "gpu":
-            objs = [((host, str(g.index), g.uuid), g) for g in s.gpus]
+            objs: list[tuple[tuple[str, ...], Any]] = [((host, str(g.index), g.uuid), g) for g in s.gpus]
         elif spec.scope == "port":
             objs = [((host, p.device, str(p.port)), p) for p in s.net_ports]
         elif spec.scope == "aer":

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fleethealth.schema import (
@@ -181,7 +182,7 @@ class NvmlSource:
                 self.stuck_skips += 1
                 continue
             self._pending.pop(i, None)
-            workers[i] = self._lanes.submit(i, lambda i=i: self._read_gpu(i))
+            workers[i] = self._lanes.submit(i, partial(self._read_gpu, i))
         for i, w in workers.items():
             if w is None:
                 out.gpus.append(self._timed_out(i))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,8 @@ def all_detectors() -> list[tuple[str, Factory]]:
     for p in sorted(rules_dir().glob("*.yaml")):
         if not any(s.stream for s in load_rule_files([p])):
             continue  # capture-only rules (diagnose's facts): nothing for a stream to run
-        out.append((f"rules:{p.stem}", lambda p=p: RuleFileDetector(p)))
+        out.append((f"rules:{p.stem}", partial(RuleFileDetector, p)))
     out.append(("engine", EngineDetector))
     for name in sorted(MODEL_DETECTORS):
-        out.append((f"model:{name}", lambda name=name: load_model_detector(name)))
+        out.append((f"model:{name}", partial(load_model_detector, name)))
     return out

@@ -15,7 +15,7 @@ import gzip
 import io
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
@@ -44,6 +44,18 @@ class Record:
 
 
 Headers = tuple[tuple[str, bytes], ...]
+TP = tuple[str, int]  # (topic, partition)
+
+
+@runtime_checkable
+class PublishAck(Protocol):
+    """What ``publish`` may return: a handle on one message's delivery (Kafka's record future).
+    A bus that returns None is durable once ``flush`` returns without error."""
+
+    @property
+    def is_done(self) -> bool: ...
+
+    def succeeded(self) -> bool: ...
 
 
 @runtime_checkable
@@ -57,8 +69,29 @@ class Consumer(Protocol):
 
 
 @runtime_checkable
+class RebalancingConsumer(Consumer, Protocol):
+    """A consumer of a group whose partitions move between members (Kafka): what a stateful
+    consumer (the detect worker) needs to rebuild state on a rebalance and to judge lag."""
+
+    def assignment_changes(self) -> list[tuple[str, frozenset[TP]]]:
+        """("revoked" | "assigned", partitions) events since the last call."""
+
+    def assigned(self) -> set[TP]:
+        """The partitions this member owns now."""
+
+    def committed(self, partitions: Sequence[TP]) -> dict[TP, int | None]:
+        """The group's committed offset of each partition (None: never committed)."""
+
+    def history(self, ends: Mapping[TP, int], window_s: float) -> Iterator[Record]:
+        """Records of ``window_s`` before each partition's ``end`` offset, up to it, in offset order."""
+
+    def highwater(self, tp: TP) -> int | None:
+        """The partition's last known high watermark (no network call); None when unknown."""
+
+
+@runtime_checkable
 class Bus(Protocol):
-    def publish(self, topic: str, key: str | None, value: bytes, headers: Headers = ()) -> None: ...
+    def publish(self, topic: str, key: str | None, value: bytes, headers: Headers = ()) -> PublishAck | None: ...
 
     def flush(self, timeout: float | None = None) -> None: ...
 

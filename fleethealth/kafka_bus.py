@@ -101,15 +101,6 @@ class KafkaBus:
         except KafkaError as exc:
             raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
 
-    def publish_sync(self, topic: str, key: str | None, value: bytes, timeout: float = 10.0) -> Any:
-        """Send one message and wait for the broker's ack (used by the collector's spool drain)."""
-        from kafka.errors import KafkaError
-
-        try:
-            return self.producer.send(topic, key=key.encode() if key else None, value=value).get(timeout)
-        except KafkaError as exc:
-            raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
-
     def flush(self, timeout: float | None = None) -> None:
         from kafka.errors import KafkaError
 
@@ -152,20 +143,17 @@ class KafkaBus:
 
 
 class KafkaConsumerAdapter:
-    """The bus Consumer over kafka-python, plus what a stateful consumer needs on a rebalance:
+    """The bus Consumer over kafka-python, and a :class:`~fleethealth.bus.RebalancingConsumer`:
     ``assignment_changes()`` (events the group coordinator reported since the last call),
-    ``assigned()``, ``committed(partitions)`` and ``history(ends, window_s)`` (records before the
-    committed offsets, read by a separate group-less consumer, so the group position is untouched).
+    ``assigned()``, ``committed(partitions)``, ``highwater(tp)`` and ``history(ends, window_s)``
+    (records before the committed offsets, read by a separate group-less consumer, so the group
+    position is untouched).
     """
 
     def __init__(self, consumer: Any, bus: KafkaBus | None = None) -> None:
         self._c = consumer
         self._bus = bus
         self._events: deque[tuple[str, frozenset[tuple[str, int]]]] = deque()
-
-    @property
-    def raw(self) -> Any:
-        return self._c
 
     def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
         from kafka.errors import KafkaError
@@ -201,6 +189,16 @@ class KafkaConsumerAdapter:
 
     def assigned(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._c.assignment()}
+
+    def highwater(self, tp: tuple[str, int]) -> int | None:
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        try:
+            hw = self._c.highwater(TopicPartition(*tp))
+        except KafkaError:  # no longer assigned
+            return None
+        return None if hw is None else int(hw)
 
     def committed(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
         from kafka import TopicPartition

@@ -12,6 +12,7 @@ timeout or a refused connection keeps the row (and the order) and retries with b
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import sqlite3
@@ -120,7 +121,7 @@ class TicketStore:
         sql = "SELECT * FROM tickets" + (" WHERE " + " AND ".join(cond) if cond else "") + " ORDER BY id"
         return [Ticket.from_row(r) for r in self.conn.execute(sql, args)]
 
-    def history(self, ticket_id: int) -> list[dict[str, Any]]:
+    def history(self, ticket_id: int) -> builtins.list[dict[str, Any]]:
         rows = self.conn.execute("SELECT ts, event, detail FROM ticket_history WHERE ticket_id=? ORDER BY seq",
                                  (ticket_id,)).fetchall()
         return [{"ts": r["ts"], "event": r["event"], "detail": json.loads(r["detail"])} for r in rows]

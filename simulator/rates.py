@@ -69,8 +69,8 @@ def llama3_counts() -> dict[str, float]:
         assert abs(sum(split.values()) - 1.0) < 1e-9 or not split, _cat
         for label, frac in split.items():
             out[label] += n * frac
-    for label, n in ASSUMED_EXTRA.items():
-        out[label] += n
+    for label, extra in ASSUMED_EXTRA.items():
+        out[label] += extra
     return out
 
 

@@ -47,6 +47,9 @@ AER_NONFATAL = (*AER_FATAL[:-1], "TOTAL_ERR_NONFATAL")
 
 
 
+_TAIL_ENCODER = msgspec.json.Encoder()  # the contract's encoder settings (fleethealth.schema.encode)
+
+
 class _Dyn(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """The per-poll tail of a GpuSample (same field names and order as the contract)."""
 
@@ -113,7 +116,7 @@ class GpuState:
             sram_uncorrected_volatile=e[3], dram_corrected_aggregate=e[4], dram_uncorrected_aggregate=e[5],
             sram_corrected_aggregate=e[6], sram_uncorrected_aggregate=e[7], sram_threshold_exceeded=self.sram_thr)
         r = self.remap
-        self._remap = RemappedRows(correctable=r[0], uncorrectable=r[1], pending=r[2], failure=r[3])
+        self._remap = RemappedRows(correctable=r[0], uncorrectable=r[1], pending=bool(r[2]), failure=bool(r[3]))
         n = self.nvl
         self._nvl = NvlinkCounters(active=list(self.nvl_active), crc_flit=list(n[0]), crc_data=list(n[1]),
                                    replay=list(n[2]), recovery=list(n[3]))
@@ -150,7 +153,7 @@ class GpuState:
         if xids:
             self.xids = []
         if xids:
-            tail = encode(_Dyn(temperature_c=float(temp + self.thermal_add), power_w=power,
+            tail = _TAIL_ENCODER.encode(_Dyn(temperature_c=float(temp + self.thermal_add), power_w=power,
                                utilization_pct=float(util), clocks_event_reasons=clk, xids=xids))
             return head + b"," + tail[1:]
         # the common case, formatted directly: integral temperature/utilisation, power to 0.1 W

@@ -43,7 +43,7 @@ def write_all(fd: int, parts: list[bytes]) -> None:
                 rest = rest[os.write(fd, rest):]
 
 
-def _member(level: int) -> Callable[[list[bytes]], bytes]:
+def _member(level: int) -> Callable[[list[bytes]], list[bytes]]:
     def fn(parts: list[bytes]) -> list[bytes]:
         # wbits=31: a gzip wrapper with mtime 0 and no file name; deflate runs without the GIL
         return [zlib.compress(b"".join(parts), level, wbits=31)]

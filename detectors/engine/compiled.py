@@ -66,8 +66,9 @@ class Evaluator:
 
     def finding(self, sample: Sample, component: str, line: str = "", xid: int | None = None,
                 bucket: str | None = None, ts: float | None = None, elem: Any = None, **facts: Any) -> Finding:
-        if self.spec.component == "pci" and getattr(elem, "pci_bus_id", ""):
-            component = norm_pci(elem.pci_bus_id)
+        bus_id = getattr(elem, "pci_bus_id", None)
+        if self.spec.component == "pci" and bus_id:
+            component = norm_pci(bus_id)
         facts.setdefault("component", component)
         facts.setdefault("host", sample.host)
         facts.setdefault("line", line)

@@ -241,9 +241,9 @@ class DetectorEngine:
                     if inc is not None:
                         out.append(inc)
         for host in sorted(self.episodes.by_host):
-            st = self.hosts.get(host)
-            if st is not None and st.samples:
-                out.extend(self.episodes.expire(host, st.last_ts))
+            hs = self.hosts.get(host)
+            if hs is not None and hs.samples:
+                out.extend(self.episodes.expire(host, hs.last_ts))
         return out
 
     def stale_limit(self, st: HostState) -> float:

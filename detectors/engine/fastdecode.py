@@ -295,7 +295,7 @@ class IncrementalDecoder:
         differ (something downstream mutated a shared object). Empty when the cache is sound."""
         bad = []
         for host, he in self._hosts.items():
-            entries = [(f"gpus[{i}]", _GPU_PARTS, e.raws, e.objs) for i, e in enumerate(he.gpus)]
+            entries = [(f"gpus[{i}]", _GPU_PARTS, e.raws, e.objs) for i, e in enumerate(he.gpus) if e is not None]
             if he.raws is not None:
                 entries.append(("", _SAMPLE_PARTS, he.raws, he.objs))
             for where, parts, raws, objs in entries:

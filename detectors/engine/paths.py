@@ -186,5 +186,5 @@ def iter_scope(sample: Sample, scope: str) -> Iterator[tuple[str, Any, Any]]:
             yield f"mc{m.mc}", m, None
     elif scope == "dimm":
         for m in sample.edac:
-            for d in m.dimms:
-                yield d.label or f"mc{m.mc}", d, None
+            for dimm in m.dimms:
+                yield dimm.label or f"mc{m.mc}", dimm, None

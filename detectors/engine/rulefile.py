@@ -113,8 +113,8 @@ def parse_rules(text: str, name: str) -> list[RuleSpec]:
         elif key != "version":
             raise RuleError(f"{name}:{k.start_mark.line + 1}: unknown top-level key {key!r} (expected rules, version)")
     if not isinstance(rules_node, yaml.SequenceNode):
-        line = rules_node.start_mark.line + 1 if rules_node is not None else 1
-        raise RuleError(f"{name}:{line}: 'rules' must be a list of rules")
+        at = rules_node.start_mark.line + 1 if rules_node is not None else 1
+        raise RuleError(f"{name}:{at}: 'rules' must be a list of rules")
     return [_parse_rule(n, name) for n in rules_node.value]
 
 

@@ -175,7 +175,7 @@ class Admission:
     @staticmethod
     def admit(st: HostState, seq: int, ts: float, boot_id: str, driver: str) -> str:
         """Return "" to process the sample, or the reason to skip it (and count it)."""
-        new_epoch = bool(st.samples) and ((boot_id and boot_id != st.boot_id) or (driver and driver != st.driver))
+        new_epoch = bool(st.samples) and bool((boot_id and boot_id != st.boot_id) or (driver and driver != st.driver))
         if not new_epoch and st.samples and seq <= st.last_seq:
             if ts <= st.last_ts:  # not newer than what this host already said: a redelivery
                 if seq == st.last_seq:

@@ -145,8 +145,8 @@ def _accumulate(st: HostFeatureState, s: Sample) -> None:
         if g.xids:
             slots = _xid_slots()
             row = st.xids.setdefault(g.index, [0] * N_XID)
-            for ev in g.xids:
-                b, lab = slots.get(ev.xid, (len(XID_BUCKETS) - 1, None))
+            for xe in g.xids:
+                b, lab = slots.get(xe.xid, (len(XID_BUCKETS) - 1, None))
                 row[b] += 1
                 if lab is not None:
                     row[lab] += 1

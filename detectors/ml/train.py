@@ -247,10 +247,10 @@ def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: F
     support: Counter[str] = Counter()
     hit: Counter[str] = Counter()
     for host, faults in fleet.faults.by_host.items():
-        for f in faults:
-            support[f.failure_mode] += 1
-            if any(h == host and m == f.failure_mode for h, _, m in found):
-                hit[f.failure_mode] += 1
+        for fault in faults:
+            support[fault.failure_mode] += 1
+            if any(h == host and m == fault.failure_mode for h, _, m in found):
+                hit[fault.failure_mode] += 1
     modes = sorted(set(support) | set(tp) | set(fp))
     per_mode = {m: {"precision": round(tp[m] / (tp[m] + fp[m]), 4) if tp[m] + fp[m] else None,
                     "recall": round(hit[m] / support[m], 4) if support[m] else None,

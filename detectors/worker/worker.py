@@ -36,7 +36,16 @@ from typing import Any
 
 from detectors.engine.engine import DetectorEngine
 from detectors.engine.fastdecode import IncrementalDecoder
-from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, Bus, BusError, Record
+from fleethealth.bus import (
+    DEADLETTER,
+    INCIDENTS,
+    TELEMETRY,
+    Bus,
+    BusError,
+    PublishAck,
+    RebalancingConsumer,
+    Record,
+)
 from fleethealth.identity import Verifier
 from fleethealth.salvage import removed_fields
 from fleethealth.schema import ContractError, DeadLetter, Incident, Sample, encode
@@ -87,15 +96,12 @@ class Outgoing:
     dead_kind: str = ""
 
 
-def _acked(handle: Any, flushed: bool) -> bool:
-    """Did the bus acknowledge a message? ``publish`` returns a future (Kafka) or None (buses that
-    are durable once ``flush`` returns)."""
+def _acked(handle: PublishAck | None, flushed: bool) -> bool:
+    """Did the bus acknowledge a message? ``publish`` returns a :class:`PublishAck` (Kafka) or None
+    (buses that are durable once ``flush`` returns)."""
     if handle is None:
         return flushed
-    done = getattr(handle, "is_done", None)
-    if done is None:
-        return flushed
-    return bool(done) and bool(handle.succeeded())
+    return bool(handle.is_done) and bool(handle.succeeded())
 
 
 class DetectWorker:
@@ -309,18 +315,12 @@ class DetectWorker:
     def _lag(self) -> dict[TP, int]:
         """Records each fed partition still holds beyond what was fed (Kafka: the consumer's last
         known high watermark, no network call); {} on buses without one (they are read in order)."""
-        highwater = getattr(getattr(self.consumer, "raw", None), "highwater", None)
-        if highwater is None:
+        consumer = self.consumer
+        if not isinstance(consumer, RebalancingConsumer):
             return {}
-        from kafka import TopicPartition
-        from kafka.errors import KafkaError
-
         out: dict[TP, int] = {}
         for tp, nxt in self._next.items():
-            try:
-                hw = highwater(TopicPartition(*tp))
-            except KafkaError:  # no longer assigned
-                continue
+            hw = consumer.highwater(tp)
             if hw is not None:
                 out[tp] = hw - nxt
         return out
@@ -348,7 +348,7 @@ class DetectWorker:
         did not, in order, with capped backoff. False only when stop() was called first."""
         delay = self.retry_s
         while self.pending:
-            handles: list[Any] = []
+            handles: list[PublishAck | None] = []
             err: BusError | None = None
             try:
                 for out in self.pending:
@@ -404,11 +404,11 @@ class DetectWorker:
 
     def _sync_assignment(self) -> None:
         """Apply partition revocations/assignments the consumer reported during poll."""
-        changes = getattr(self.consumer, "assignment_changes", None)
-        if changes is None or not changes():
+        consumer = self.consumer
+        if not isinstance(consumer, RebalancingConsumer) or not consumer.assignment_changes():
             return
-        owned = set(self.consumer.assigned())
-        committed: dict[TP, int | None] = self.consumer.committed(sorted(owned)) if owned else {}
+        owned = set(consumer.assigned())
+        committed: dict[TP, int | None] = consumer.committed(sorted(owned)) if owned else {}
         # a partition needs rebuilding when this worker has not fed it up to the group's offset
         stale = {tp for tp in owned if (committed.get(tp) or 0) > self._next.get(tp, 0) or tp not in self._next}
         gone = (set(self._next) - owned) | stale
@@ -432,6 +432,7 @@ class DetectWorker:
         t0 = time.perf_counter()
         n = 0
         wall = self.clock()
+        assert isinstance(self.consumer, RebalancingConsumer)  # only _sync_assignment calls this
         for rec in self.consumer.history(ends, self.rebuild_window_s):
             try:
                 sample = self._decoder.decode(rec.value)

@@ -135,10 +135,10 @@ def run_collect(args: argparse.Namespace) -> int:
         if args.inject or os.environ.get("FLEETHEALTH_INJECT"):
             raise UserError("--inject needs --simulate (faults go into the simulated host)")
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError as exc:
             raise ServiceUnavailable("pynvml (nvidia-ml-py) is not installed; use --simulate") from exc
-        expected = args.expected_gpus
+        nvml, expected = pynvml, args.expected_gpus
     settings = CollectorSettings(
         host=args.host, cluster=args.cluster, rack=args.rack, expected_gpus=expected, interval=args.interval,
         jitter=args.jitter, sysfs_root=sysfs or "/sys", proc_root=proc or "/proc", kmsg_path=kmsg or "/dev/kmsg",
@@ -167,7 +167,13 @@ def run_collect(args: argparse.Namespace) -> int:
     old = signal.signal(signal.SIGTERM, _term)
     try:
         if args.simulate:
-            collector.on_sample = lambda s: (metrics.update(s), nvml.tick())
+            sim = nvml
+
+            def _on_sample(s: Any) -> None:
+                metrics.update(s)
+                sim.tick()
+
+            collector.on_sample = _on_sample
         collector.run(stop, max_polls=1 if args.once else (args.polls or None))
     except KeyboardInterrupt:
         pass

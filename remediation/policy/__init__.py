@@ -150,7 +150,7 @@ def _mapping(src: str, node: yaml.Node, what: str) -> Iterator[tuple[str, yaml.N
 
 def _scalars(src: str, node: yaml.Node, what: str) -> list[tuple[Any, yaml.Node]]:
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
-    out = []
+    out: list[tuple[Any, yaml.Node]] = []
     for it in items:
         if not isinstance(it, yaml.ScalarNode):
             raise _err(src, it, f"{what}: expected a name or a list of names")
