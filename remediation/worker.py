@@ -35,7 +35,8 @@ from pathlib import Path
 import msgspec
 
 from fleethealth.bus import ACTIONS, DEADLETTER, Bus, Consumer, Record
-from fleethealth.schema import ActionRecord, DeadLetter, Evidence, Incident, decode_incident, encode
+from fleethealth.deadletter import dead_letter_for
+from fleethealth.schema import ActionRecord, Evidence, Incident, decode_incident, encode
 from remediation import guards
 from remediation.common_cause import DETECTOR as CC_DETECTOR
 from remediation.common_cause import CommonCause
@@ -351,10 +352,7 @@ class RemediationWorker:
         log.warning("dead-lettered incident", extra={"offset": rec.offset, "partition": rec.partition,
                                                       "reason": reason[:300]})
         if self.bus is not None:
-            dl = DeadLetter(source_topic=rec.topic, partition=rec.partition, offset=rec.offset,
-                            key=rec.key[:256] if rec.key else None, reason=reason[:8000],
-                            consumer=self.consumer_name, ts=self.clock(),
-                            payload_excerpt=repr(bytes(rec.value[:512]))[:8000], payload_size=len(rec.value))
+            dl = dead_letter_for(rec, reason, self.consumer_name, self.clock())
             self.bus.publish(DEADLETTER, rec.key, encode(dl))
 
     def handle_record(self, rec: Record) -> list[ActionRecord]:

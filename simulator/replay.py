@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fleethealth.bus import DEADLETTER, TELEMETRY, Bus, BusError, iter_jsonl
+from fleethealth.deadletter import dead_letter
 from fleethealth.errors import UserError
-from fleethealth.schema import ContractError, DeadLetter, decode_sample, encode
+from fleethealth.schema import ContractError, decode_sample, encode
 
 log = logging.getLogger("fleethealth.replay")
 
@@ -69,9 +70,9 @@ def replay_file(path: Path, bus: Bus, *, topic: str = TELEMETRY, speed: float = 
             except ContractError as exc:
                 st.invalid += 1
                 log.warning("skipping invalid line", extra={"path": str(path), "line": lineno, "reason": str(exc)})
-                bus.publish(DEADLETTER, None, encode(DeadLetter(
-                    source_topic=f"file:{path.name}", offset=lineno, reason=str(exc), consumer="fleethealth replay",
-                    ts=st.last_ts or 0.0, payload_excerpt=repr(raw[:200])[:1000], payload_size=len(raw))))
+                bus.publish(DEADLETTER, None, encode(dead_letter(
+                    raw, str(exc), "fleethealth replay", st.last_ts or 0.0, source_topic=f"file:{path.name}",
+                    offset=lineno)))
                 continue
             if st.first_ts is None:
                 st.first_ts = s.ts

@@ -46,9 +46,10 @@ from fleethealth.bus import (
     RebalancingConsumer,
     Record,
 )
+from fleethealth.deadletter import dead_letter_for
 from fleethealth.identity import Verifier
 from fleethealth.salvage import removed_fields
-from fleethealth.schema import ContractError, DeadLetter, Incident, Sample, encode
+from fleethealth.schema import ContractError, Incident, Sample, encode
 
 log = logging.getLogger(__name__)
 TP = tuple[str, int]
@@ -59,12 +60,6 @@ def staleness_clock(stream_now: float, high_water_ts: dict[TP, float], lag: dict
     furthest-behind partition that still has records to deliver (``lag`` > 0), whichever is less."""
     behind = [high_water_ts[tp] for tp, n in lag.items() if n > 0 and tp in high_water_ts]
     return min([stream_now, *behind])
-
-
-def dead_letter(rec: Record, reason: str, consumer: str, now: float) -> DeadLetter:
-    return DeadLetter(source_topic=rec.topic, partition=rec.partition, offset=rec.offset, key=rec.key,
-                      reason=reason[:8000], consumer=consumer, ts=now, payload_excerpt=repr(rec.value[:512])[:1024],
-                      payload_size=len(rec.value))
 
 
 @dataclass
@@ -340,7 +335,7 @@ class DetectWorker:
 
     def _dead(self, rec: Record, reason: str, kind: str, now: float) -> None:
         log.warning("dead letter from %s[%s]@%s: %s", rec.topic, rec.partition, rec.offset, reason[:300])
-        self.pending.append(Outgoing(self.deadletter_topic, rec.key, encode(dead_letter(rec, reason, self.group, now)),
+        self.pending.append(Outgoing(self.deadletter_topic, rec.key, encode(dead_letter_for(rec, reason, self.group, now)),
                                      dead_kind=kind))
 
     def _deliver(self) -> bool:

@@ -159,3 +159,15 @@ def test_bad_messages_go_to_dead_letter_and_good_ones_through():
     assert "not valid JSON" in letters[0].reason
     assert "unsupported schema version 9" in letters[1].reason
     assert letters[0].source_topic == TELEMETRY and letters[0].consumer == "test-consumer"
+
+
+def test_one_dead_letter_builder_keeps_every_letter_inside_its_contract():
+    from fleethealth.bus import Record
+    from fleethealth.deadletter import KEY_CHARS, REASON_CHARS, dead_letter_for
+
+    rec = Record(TELEMETRY, 3, 42, "k" * 20_000, b"\xff" * 100_000)
+    dl = dead_letter_for(rec, "r" * 50_000, "c" * 1000, now=5.0)
+    back = DL_CODEC.decode(encode(dl))  # strict decode: every bound of the contract holds
+    assert back.key == "k" * KEY_CHARS and back.reason == "r" * REASON_CHARS
+    assert back.payload_size == 100_000 and back.payload_excerpt.startswith("b'\\xff")
+    assert (back.source_topic, back.partition, back.offset, back.ts) == (TELEMETRY, 3, 42, 5.0)
