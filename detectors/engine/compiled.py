@@ -207,9 +207,16 @@ class CounterRule(Evaluator):
             w = mem[s + 1] = EventWindow()
         w.add(sample.ts, delta)
         total = w.sum(sample.ts, self.window_s)
-        rate = total * 3600.0 / self.window_s
+        # The oldest delta in the window began one poll before its own timestamp: with polls as long
+        # as the window (a 10-minute poll against a 5- or 10-minute rule), the deltas counted cover
+        # up to twice the window, and a steady counter at half its limit read as over it. Judge the
+        # count over the time it really covers (never less than the window).
+        span = self.window_s
+        if st.interval_s and w.events:
+            span = max(span, sample.ts - w.events[0][0] + st.interval_s)
+        rate = total * 3600.0 / span
         if self.kind == "counter_rate":
-            if total > self.limit and (self.when is None or self.when(elem)):
+            if total > self.limit * span / self.window_s and (self.when is None or self.when(elem)):
                 out.append(self.finding(sample, comp, elem=elem, value=v, delta=delta, count=total, rate=round(rate, 1),
                                         window_s=self.window_s, links=links, threshold=self.limit))
             return
