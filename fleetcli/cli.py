@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from fleethealth import __version__
 from fleethealth.bus import BusError
-from fleethealth.cliutil import flag
+from fleethealth.cliutil import EnvValueError, flag
 from fleethealth.config import ConfigError
 from fleethealth.errors import FleetHealthError
 from fleethealth.log import setup_logging
@@ -101,7 +101,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
+    try:
+        parser = build_parser(argv)
+    except EnvValueError as exc:
+        print(f"fleethealth: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -57,6 +57,7 @@ class RunOptions:
     batch: int = 256
     ports_optional: bool = False  # demo: a busy port is a warning, not an error
     with_models: bool = False  # also run the ML detectors (detectors/models)
+    models: Path | None = None  # --models DIR: load the models from DIR (implies with_models)
     config: str | None = None  # --config: [guards], policy and hooks of the (dry-run) remediation
 
 
@@ -89,7 +90,8 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
     source = run_parts.open_source(opts)
     tickets = opts.tickets or "sqlite::memory:"
     observe_ts, stream_now = run_parts.stream_clock()
-    detect = run_parts.Detection(bus, with_models=opts.with_models)
+    detect = run_parts.Detection(bus, with_models=opts.with_models or opts.models is not None,
+                                 models=opts.models)
     remediate = run_parts.Remediation(bus, tickets, clock=stream_now, config=opts.config, fleet=source.fleet)
     fleet_exporter = FleetSampleExporter()
     groups = [(detect.group, TELEMETRY), (remediate.group, INCIDENTS)]
@@ -220,6 +222,7 @@ def _add_run_flags(p: argparse.ArgumentParser, demo: bool = False) -> None:
     flag(p, "--quiet", action="store_true", help="no progress bar")
     flag(p, "--with-models", action="store_true",
          help="also run the ML detectors shipped in detectors/models (their incidents open tickets, never drains)")
+    flag(p, "--models", type=Path, default=None, metavar="DIR", help="load the ML detectors' models from DIR (what `fleethealth train --out DIR` wrote); implies --with-models")
 
 
 def register(sub: Any) -> None:
@@ -252,7 +255,7 @@ def _opts(args: argparse.Namespace, **over: Any) -> RunOptions:
         seed=getattr(args, "seed", 0), speed=args.speed, score=getattr(args, "score", False),
         report=getattr(args, "report", None), tickets=args.tickets, metrics_port=args.metrics_port,
         exporter_port=args.exporter_port, keep_serving=args.keep_serving, quiet=args.quiet,
-        with_models=args.with_models, config=getattr(args, "config", None))
+        with_models=args.with_models, models=getattr(args, "models", None), config=getattr(args, "config", None))
     for k, v in over.items():
         setattr(o, k, v)
     return o

@@ -150,7 +150,7 @@ class Detection:
 
     group = "fleethealth-detect"
 
-    def __init__(self, bus: Bus, with_models: bool = False) -> None:
+    def __init__(self, bus: Bus, with_models: bool = False, models: Path | None = None) -> None:
         try:
             from detectors.engine.engine import DetectorEngine
             from detectors.worker.metrics import DetectMetrics
@@ -161,7 +161,7 @@ class Detection:
         if with_models:  # opt-in: model-only incidents are tickets, never drains (remediation policy)
             from detectors.registry import model_detectors
 
-            extra = model_detectors()
+            extra = model_detectors(models)
         self.bus = bus
         self.metrics = DetectMetrics()
         self.worker = DetectWorker(bus, DetectorEngine(extra_detectors=extra), group=self.group, poll_timeout=0.0,

@@ -6,6 +6,14 @@ import argparse
 import os
 from typing import Any
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class EnvValueError(ValueError):
+    """A ``FLEETHEALTH_*`` variable holds a value its flag cannot take (the CLI prints this one line
+    and exits 2, before any command runs: ``--version`` and ``--help`` included)."""
+
 
 def env_name(flag: str) -> str:
     return "FLEETHEALTH_" + flag.lstrip("-").upper().replace("-", "_")
@@ -19,10 +27,22 @@ def flag(parser: argparse.ArgumentParser | Any, *names: str, env: str | None = N
         raw = os.environ[var]
         action = kw.get("action")
         if action == "store_true":
-            kw["default"] = raw.lower() in ("1", "true", "yes", "on")
+            if raw.strip().lower() not in _TRUE + _FALSE:
+                raise EnvValueError(f"{var}={raw!r} is not a yes/no value (use one of 1, true, yes, on, 0, "
+                                    "false, no, off), or unset it")
+            kw["default"] = raw.strip().lower() in _TRUE
         elif action in (None, "store"):
             typ = kw.get("type", str)
-            kw["default"] = typ(raw) if callable(typ) else raw
+            try:
+                value = typ(raw) if callable(typ) else raw
+            except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+                raise EnvValueError(f"{var}={raw!r} is not a valid value for {long}: {exc}; fix or unset "
+                                    "it") from None
+            choices = kw.get("choices")
+            if choices is not None and value not in choices:
+                raise EnvValueError(f"{var}={raw!r} is not one of {', '.join(map(str, choices))}; fix or "
+                                    "unset it")
+            kw["default"] = value
     help_text = kw.get("help", "")
     if help_text is not argparse.SUPPRESS:
         d = kw.get("default")

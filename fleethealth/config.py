@@ -54,6 +54,10 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{p}: config file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text (UTF-8) TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file: {exc.strerror or exc}") from None
     unknown = set(raw) - KNOWN_SECTIONS
     if unknown:
         raise ConfigError(f"{p}: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN_SECTIONS))}")

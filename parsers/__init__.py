@@ -15,58 +15,75 @@ from __future__ import annotations
 import gzip
 import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import BinaryIO
 
-from parsers import (
-    dcgm,
-    ethtool,
-    infiniband,
-    kernel,
-    lspci,
-    mce,
-    nvlink,
-    nvsmi_table,
-    nvsmi_text,
-    nvsmi_xml,
-    prom,
-    split,
-    sysfs_snapshot,
-)
+from parsers import kernel, split
 from parsers.base import Fact, GpuInfo, Parsed, ParseError
 from parsers.detect import detect_format
 from parsers.kernel_log import MAX_LINE
 
-PARSERS: dict[str, Callable[[str], Parsed]] = {
-    "nvidia-smi-q": nvsmi_text.parse,
-    "nvidia-smi-xml": nvsmi_xml.parse,
-    "nvidia-smi-table": nvsmi_table.parse,
-    "nvidia-smi-csv": nvsmi_table.parse_query_csv,
-    "nvidia-smi-nvlink": nvlink.parse,
-    "dcgmi-nvlink-status": nvlink.parse_dcgmi,
-    "dcgmi-diag": dcgm.parse_diag,
-    "dcgmi-health": dcgm.parse_health,
-    "dcgmi-dmon": dcgm.parse_dmon,
-    "dcgm-hostengine-log": dcgm.parse_hostengine,
-    "dcgm-exporter": prom.parse,
-    "fabricmanager-log": dcgm.parse_fabricmanager,
-    "ibstat": infiniband.parse_ibstat,
-    "ibstatus": infiniband.parse_ibstatus,
-    "perfquery": infiniband.parse_perfquery,
-    "ibqueryerrors": infiniband.parse_ibqueryerrors,
-    "iblinkinfo": infiniband.parse_iblinkinfo,
-    "ibnetdiscover": infiniband.parse_ibnetdiscover,
-    "ib-counter-dump": infiniband.parse_counter_dump,
-    "ethtool-stats": ethtool.parse_stats,
-    "ethtool-settings": ethtool.parse_settings,
-    "ethtool-info": ethtool.parse_info,
-    "kernel-log": kernel.parse,
-    "mcelog": mce.parse_mcelog,
-    "ras-mc-ctl": mce.parse_ras_mc_ctl,
-    "lspci-vvv": lspci.parse,
-    "sysfs-aer": sysfs_snapshot.parse_aer_text,
+# format -> (module in this package, function). A parser's module is imported the first time its
+# format is asked for, so reading one kernel log does not compile every tool's regexes (start-up of
+# `fleethealth diagnose FILE`, issue 18).
+_PARSER_SITES: dict[str, tuple[str, str]] = {
+    "nvidia-smi-q": ("nvsmi_text", "parse"),
+    "nvidia-smi-xml": ("nvsmi_xml", "parse"),
+    "nvidia-smi-table": ("nvsmi_table", "parse"),
+    "nvidia-smi-csv": ("nvsmi_table", "parse_query_csv"),
+    "nvidia-smi-nvlink": ("nvlink", "parse"),
+    "dcgmi-nvlink-status": ("nvlink", "parse_dcgmi"),
+    "dcgmi-diag": ("dcgm", "parse_diag"),
+    "dcgmi-health": ("dcgm", "parse_health"),
+    "dcgmi-dmon": ("dcgm", "parse_dmon"),
+    "dcgm-hostengine-log": ("dcgm", "parse_hostengine"),
+    "dcgm-exporter": ("prom", "parse"),
+    "fabricmanager-log": ("dcgm", "parse_fabricmanager"),
+    "ibstat": ("infiniband", "parse_ibstat"),
+    "ibstatus": ("infiniband", "parse_ibstatus"),
+    "perfquery": ("infiniband", "parse_perfquery"),
+    "ibqueryerrors": ("infiniband", "parse_ibqueryerrors"),
+    "iblinkinfo": ("infiniband", "parse_iblinkinfo"),
+    "ibnetdiscover": ("infiniband", "parse_ibnetdiscover"),
+    "ib-counter-dump": ("infiniband", "parse_counter_dump"),
+    "ethtool-stats": ("ethtool", "parse_stats"),
+    "ethtool-settings": ("ethtool", "parse_settings"),
+    "ethtool-info": ("ethtool", "parse_info"),
+    "kernel-log": ("kernel", "parse"),
+    "mcelog": ("mce", "parse_mcelog"),
+    "ras-mc-ctl": ("mce", "parse_ras_mc_ctl"),
+    "lspci-vvv": ("lspci", "parse"),
+    "sysfs-aer": ("sysfs_snapshot", "parse_aer_text"),
 }
+
+
+class _LazyParsers(Mapping[str, Callable[[str], Parsed]]):
+    """``format -> parse function``, each module imported on first use."""
+
+    def __init__(self, sites: dict[str, tuple[str, str]]) -> None:
+        self._sites = sites
+        self._loaded: dict[str, Callable[[str], Parsed]] = {}
+
+    def __getitem__(self, fmt: str) -> Callable[[str], Parsed]:
+        fn = self._loaded.get(fmt)
+        if fn is None:
+            module, name = self._sites[fmt]
+            fn = self._loaded[fmt] = getattr(import_module(f"parsers.{module}"), name)
+        return fn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sites)
+
+    def __len__(self) -> int:
+        return len(self._sites)
+
+    def __contains__(self, fmt: object) -> bool:
+        return fmt in self._sites
+
+
+PARSERS: Mapping[str, Callable[[str], Parsed]] = _LazyParsers(_PARSER_SITES)
 MAX_BYTES = 64 << 20
 _WANTS_COMMAND = {"ethtool-stats", "nvidia-smi-csv", "ibstat", "sysfs-aer", "lspci-vvv"}  # parsers that read the device from the command line above the output
 
@@ -86,6 +103,8 @@ def load(path: Path | str, fmt: str | None = None) -> Parsed:
     or OSError."""
     p = Path(path)
     if p.is_dir():
+        from parsers import sysfs_snapshot
+
         return sysfs_snapshot.parse_files(sysfs_snapshot.read_tree(p))
     return parse_text(decode_capture(read_source(str(p)), str(p)), fmt, str(p))
 

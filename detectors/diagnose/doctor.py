@@ -21,7 +21,7 @@ from detectors.diagnose.engine import combine, evaluate, load_snapshot_rules, sn
 from detectors.engine.finding import Finding
 from detectors.engine.ruleset import RuleSet
 from fleethealth.taxonomy import info
-from parsers import Parsed, ParseError, decode_capture, parse_captures, read_source, sysfs_snapshot
+from parsers import Parsed, ParseError, decode_capture, parse_captures, read_source
 from parsers.base import coverage
 
 
@@ -69,6 +69,8 @@ def diagnose_input(arg: str, host: str | None, rules: RuleSet, stdin: BinaryIO |
     is walked, in name order, hidden entries skipped)."""
     p = Path(arg)
     if arg != "-" and p.is_dir():
+        from parsers import sysfs_snapshot  # only for folders (start-up of a one-file diagnose)
+
         if sysfs_snapshot.find_sys_root(p) is not None:
             return [_diagnose_tree(p, host, rules)]
         files = sorted(f for f in p.rglob("*") if f.is_file() and not any(
@@ -83,6 +85,8 @@ def diagnose_input(arg: str, host: str | None, rules: RuleSet, stdin: BinaryIO |
 
 
 def _diagnose_tree(p: Path, host: str | None, rules: RuleSet) -> Diagnosis:
+    from parsers import sysfs_snapshot
+
     d = Diagnosis(str(p), format=sysfs_snapshot.FORMAT)
     try:
         parsed = sysfs_snapshot.parse_files(sysfs_snapshot.read_tree(p))

@@ -61,10 +61,11 @@ def episodes(incidents: list[Incident]) -> list[Episode]:
     return sorted(out, key=lambda e: (e.first_seen, e.host, e.component, e.failure_mode))
 
 
-def backtest(path: Path, out_dir: Path | None, progress: Any = None) -> tuple[RunResult, list[Episode], Path | None]:
+def backtest(path: Path, out_dir: Path | None, progress: Any = None,
+             engine: Any = None) -> tuple[RunResult, list[Episode], Path | None]:
     if not path.exists():
         raise UserError(f"{path}: no such recording")
-    res = run_recording(path, progress=progress)
+    res = run_recording(path, engine, progress=progress)
     eps = episodes(res.incidents)
     page = None
     if out_dir is not None:

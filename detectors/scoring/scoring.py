@@ -264,7 +264,7 @@ def public(card: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in card.items() if not k.startswith("_")}
 
 
-def score_replay(path: Path | str, args: Any = None) -> int:
+def score_replay(path: Path | str, args: Any = None, engine: Any = None) -> int:
     """``fleethealth replay PATH --score [--json] [--report DIR]``: print the scorecard; exit 0 when
     the quality bar holds, 1 when it does not."""
     path = Path(path)
@@ -278,7 +278,7 @@ def score_replay(path: Path | str, args: Any = None) -> int:
 
         bar = tqdm(unit=" samples", file=sys.stderr, desc="scoring")
     try:
-        res = run_recording(path, progress=bar.update if bar else None)
+        res = run_recording(path, engine, progress=bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()

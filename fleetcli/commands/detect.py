@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY
@@ -57,6 +58,7 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--rules", metavar="DIR", help="rule directory instead of the shipped detectors/engine/rules")
     flag(p, "--exit-when-idle", action="store_true", help="stop after the input has been idle for a few polls")
     flag(p, "--with-models", action="store_true", help="also run the ML detectors of detectors.registry")
+    flag(p, "--models", type=Path, default=None, metavar="DIR", help="load the ML detectors' models from DIR (what `fleethealth train --out DIR` wrote); implies --with-models")
     flag(p, "--rebuild-window", type=float, default=7200.0, metavar="SECONDS",
          help="on a partition assignment, rebuild its hosts' state from this much stream before the "
               "committed offset (silently: episodes keep their ids)")
@@ -110,8 +112,6 @@ def cmd_identity_key(args: argparse.Namespace) -> int:
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from detectors.engine.engine import DetectorEngine
     from detectors.engine.ruleset import RuleSet
     from detectors.worker.metrics import DetectMetrics
@@ -120,10 +120,10 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
     rules = RuleSet.load(sorted(Path(args.rules).glob("*.yaml")) if args.rules else None)
     extra = []
-    if args.with_models:
+    if args.with_models or args.models is not None:
         from detectors.registry import model_detectors
 
-        extra = model_detectors()
+        extra = model_detectors(args.models)
     engine = DetectorEngine(rules, extra)
     cfg = load_config(getattr(args, "config", None))
     bus = open_bus(args.bus, cfg)

@@ -79,6 +79,9 @@ def register(sub: Any) -> None:
     flag(r, "--report", metavar="DIR", default=None,
          help="write an HTML report here: the scorecard with --score; without it (no ground truth needed) "
               "every incident that would have been raised, when and on which component")
+    flag(r, "--with-models", action="store_true",
+         help="with --score or --report: also run the ML detectors shipped in detectors/models")
+    flag(r, "--models", type=Path, default=None, metavar="DIR", help="load the ML detectors' models from DIR (what `fleethealth train --out DIR` wrote); implies --with-models")
     flag(r, "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_replay)
 
@@ -112,17 +115,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_engine(args: argparse.Namespace) -> Any:
+    """The engine ``--score`` / ``--report`` run: rules, plus the ML detectors with ``--with-models``
+    or ``--models DIR``; None (the default engine) otherwise."""
+    models = getattr(args, "models", None)
+    if not (getattr(args, "with_models", False) or models is not None):
+        return None
+    if models is not None and not Path(models).is_dir():
+        raise UserError(f"--models {models}: no such folder (point it at what `fleethealth train --out DIR` wrote)")
+    from detectors.engine.engine import DetectorEngine
+    from detectors.registry import model_detectors
+
+    return DetectorEngine(extra_detectors=model_detectors(models))
+
+
+def _check_replay_flags(args: argparse.Namespace) -> None:
+    """A flag that does nothing in the mode asked for is an error, never silently ignored."""
+    judging = args.score or args.report
+    if not judging and (getattr(args, "with_models", False) or getattr(args, "models", None) is not None):
+        raise UserError("--with-models / --models run the detectors, which only --score or --report do; add one")
+    if judging:
+        lone = [f for f, on in (("--to", args.to != "memory"), ("--topic", args.topic != TELEMETRY),
+                                ("--speed", bool(args.speed)), ("--limit", args.limit is not None)) if on]
+        if lone:
+            raise UserError(f"{', '.join(lone)} only apply when publishing a recording; with --score / --report "
+                            "the recording is read in-process (drop them, or drop --score / --report)")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    _check_replay_flags(args)
+    if (args.score or args.report) and not path.exists():
+        raise UserError(f"{path}: no such recording")
+    engine = _replay_engine(args)
     if args.score:
         from detectors.scoring.scoring import score_replay
 
-        return int(score_replay(path, args))
+        return int(score_replay(path, args, engine=engine))
     if args.report:  # no ground truth needed: what would have been raised, when, where
         from detectors.scoring.backtest import backtest, format_text  # type: ignore[import-not-found]
 
         with _bar(None, args.quiet, "samples") as bar:
-            res, eps, page = backtest(path, Path(args.report), progress=bar.update)
+            res, eps, page = backtest(path, Path(args.report), progress=bar.update, engine=engine)
         if args.json:
             print(json.dumps({"samples": res.samples, "hosts": len(res.hosts), "invalid": res.invalid,
                               "incidents": [e.as_dict() for e in eps], "report": str(page)}, sort_keys=True))

@@ -82,3 +82,26 @@ def test_command_table_matches_what_the_modules_register() -> None:
         importlib.import_module(mod).register(sub)
         registered.update(dict.fromkeys(sub.choices, mod))
     assert registered == table
+
+
+def test_diagnose_a_kernel_log_imports_only_its_parsers(tmp_path: Path) -> None:
+    """The parsers package imports a tool's parser the first time its format is asked for: a kernel
+    log compiles neither the nvidia-smi, DCGM, InfiniBand nor the Prometheus-map regexes."""
+    others = ("parsers.nvsmi_text", "parsers.nvsmi_xml", "parsers.nvsmi_table", "parsers.dcgm",
+              "parsers.infiniband", "parsers.ethtool", "parsers.prom", "parsers.prom_map", "parsers.lspci",
+              "parsers.sysfs_snapshot", "parsers.nvlink")
+    probe = PROBE.replace("{m.split('.')[0] for m in sys.modules}", "set(sys.modules)").replace(
+        "MODULES", repr(others + ("parsers.kernel",)))
+    out = subprocess.run([sys.executable, "-c", probe, "diagnose", str(FIXTURE)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    line = [x for x in out.stdout.splitlines() if x.startswith("HEAVY=")]
+    assert line, out.stdout + out.stderr
+    assert json.loads(line[-1][len("HEAVY="):]) == ["parsers.kernel"]
+
+
+def test_lazy_parser_table_resolves_every_format() -> None:
+    from parsers import PARSERS
+
+    assert len(PARSERS) == len(list(PARSERS)) >= 20
+    assert all(callable(PARSERS[fmt]) for fmt in PARSERS)
+    assert "kernel-log" in PARSERS and "no-such-format" not in PARSERS
