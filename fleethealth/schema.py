@@ -17,6 +17,11 @@ import msgspec
 from msgspec import Meta, Struct
 
 SCHEMA_VERSION: Final = 1
+# Additive revisions inside version 1 (new optional fields; a rev-N reader reads every rev < N).
+# rev 2: GpuSample.field_errors and .mig_enabled, EccCounters.total_*, NvlinkCounters.ecc_data and
+# the NVLink5 field counters (symbol_errors, effective_errors, recovery_events). Consumers decode
+# with forbid_unknown_fields, so they are upgraded before the collectors (docs/telemetry.md).
+SCHEMA_REVISION: Final = 2
 MAX_MESSAGE_BYTES: Final = 1 << 20  # 1 MiB: a real 8-GPU sample is ~6 KiB
 MAX_GPUS: Final = 64
 MAX_PORTS: Final = 64
@@ -56,6 +61,12 @@ class EccCounters(_Base, kw_only=True):
     sram_corrected_aggregate: Count = None
     sram_uncorrected_aggregate: Count = None
     sram_threshold_exceeded: bool | None = None  # NVML aggregate-extended SRAM threshold flag
+    # rev 2: nvmlDeviceGetTotalEccErrors (all memory systems summed), read only where the GPU has
+    # no per-location counters; kept apart so SRAM errors never read as DRAM ones
+    total_corrected_volatile: Count = None
+    total_uncorrected_volatile: Count = None
+    total_corrected_aggregate: Count = None
+    total_uncorrected_aggregate: Count = None
 
 
 class RemappedRows(_Base, kw_only=True):
@@ -91,6 +102,12 @@ class NvlinkCounters(_Base, kw_only=True):
     crc_data: Annotated[list[Count], Meta(max_length=32)] = []
     replay: Annotated[list[Count], Meta(max_length=32)] = []
     recovery: Annotated[list[Count], Meta(max_length=32)] = []
+    # rev 2. Hopper+: the data-path counter is ECC_DATA (CRC_DATA is not supported there)
+    ecc_data: Annotated[list[Count], Meta(max_length=32)] = []
+    # rev 2. Blackwell (NVLink5) per-link field values (NVML_FI_DEV_NVLINK_COUNT_*, scopeId = link)
+    symbol_errors: Annotated[list[Count], Meta(max_length=32)] = []
+    effective_errors: Annotated[list[Count], Meta(max_length=32)] = []
+    recovery_events: Annotated[list[Count], Meta(max_length=32)] = []
 
 
 class XidEvent(_Base, kw_only=True):
@@ -116,6 +133,12 @@ class GpuSample(_Base, kw_only=True):
     power_w: Gauge = None
     utilization_pct: Gauge = None
     clocks_event_reasons: U64 | None = None  # NVML clocks-event (throttle) reason bitmask
+    # rev 2: MIG mode (volatile ECC, remapped rows and utilisation are not readable per device under MIG)
+    mig_enabled: bool | None = None
+    # rev 2: field group -> NVML error name, for reads that failed with an error that does not mean
+    # "not available" (e.g. {"remapped_rows": "CORRUPTED_INFOROM", "ecc": "UNKNOWN"}); the field is
+    # then None *and* listed here. NotSupported / FunctionNotFound / NoPermission are never listed.
+    field_errors: Annotated[dict[Name, Name], Meta(max_length=64)] = {}
     xids: Annotated[list[XidEvent], Meta(max_length=MAX_EVENTS)] = []
 
 
