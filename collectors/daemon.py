@@ -26,9 +26,17 @@ from typing import Any, Protocol
 from collectors.kernel_follow import JournalFollower, KernelLogFollower
 from collectors.nvml_source import NvmlSource
 from collectors.spool import Spool
-from collectors.sysfs import ReadStats, read_boot_id, read_boot_time, read_edac, read_net_ports, read_pcie
+from collectors.sysfs import (
+    ReadStats,
+    nvidia_gpu_functions,
+    read_boot_id,
+    read_boot_time,
+    read_edac,
+    read_net_ports,
+    read_pcie,
+)
 from fleethealth import __version__
-from fleethealth.schema import MAX_EVENTS, KernelEvent, Sample, SourceError, encode
+from fleethealth.schema import MAX_EVENTS, GpuSample, KernelEvent, Sample, SourceError, encode
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,7 @@ class CollectorSettings:
     memory_queue_bytes: int = 32 << 20  # bound of the in-memory queue used while the spool cannot be written
     call_timeout: float = 2.0
     fsync: bool = True
+    nvml_pause_file: str | None = None  # while it exists NVML is released (a GPU reset); None = STATE_DIR/nvml.pause
 
 
 @dataclass
@@ -77,6 +86,7 @@ class CollectorStats:
     last_sample_ts: float = 0.0
     spool_write_errors: int = 0
     state_write_errors: int = 0
+    missing_from_nvml: int = 0  # GPU functions in sysfs that NVML did not list (summed over polls)
     memory_dropped: int = 0  # records dropped from the in-memory queue (disk full for long, bound hit)
     source_errors: Counter[str] = field(default_factory=Counter)
     skipped_reads: Counter[str] = field(default_factory=Counter)
@@ -98,6 +108,8 @@ class Collector:
         state.mkdir(parents=True, exist_ok=True)
         self._state_path = state / "collector-state.json"
         self.seq = self._load_seq()
+        if settings.nvml_pause_file is None:
+            settings.nvml_pause_file = str(state / "nvml.pause")
         self.boot_id = read_boot_id(settings.proc_root)
         self.spool = Spool(settings.spool_dir or state / "spool", max_bytes=settings.spool_max_bytes,
                            fsync=settings.fsync)
@@ -237,11 +249,53 @@ class Collector:
     def _nvml(self, sample: Sample) -> None:
         if self.nvml is None:
             return
+        self._pause_check()
         p = self.nvml.poll()
         sample.gpus = p.gpus[:64]
         sample.driver_version = p.driver_version
         for e in p.errors:
             self._source_error(sample, "nvml", e)
+        if p.device_count is not None:
+            self._cross_check(sample)
+
+    def _pause_check(self) -> None:
+        """While the pause file exists NVML is released (event set freed, nvmlShutdown) so that
+        ``nvidia-smi -r`` can reset a GPU; the released-marker file tells the reset tool that
+        nothing is held any more. Removing the pause file resumes NVML on the next poll."""
+        assert self.nvml is not None
+        pause = self.s.nvml_pause_file
+        if not pause:
+            return
+        marker = Path(pause + ".released")
+        if os.path.exists(pause):
+            if self.nvml.release() and not marker.exists():
+                try:
+                    marker.touch(mode=0o600)
+                except OSError as exc:
+                    log.warning("cannot write the NVML released marker", extra={"error": str(exc)})
+        else:
+            self.nvml.resume()
+            marker.unlink(missing_ok=True)
+
+    def _cross_check(self, sample: Sample) -> None:
+        """What the driver cannot lie about: NVIDIA GPU functions the PCI core enumerated in sysfs
+        that NVML does not list. Each becomes a GPU entry ``present=False, nvml_error="NOT_IN_NVML"``
+        naming its PCI address (and its UUID, if NVML listed it earlier) -- evidence for
+        gpu_fell_off_bus even when the GPU never initialised and has no UUID."""
+        pcis = nvidia_gpu_functions(self.s.sysfs_root, ReadStats())
+        if not pcis:
+            return
+        listed = {g.pci_bus_id for g in sample.gpus if g.pci_bus_id}
+        known = {pci: (uuid, name) for uuid, (pci, name) in self.nvml._known.items()} if self.nvml else {}
+        index = max((g.index for g in sample.gpus), default=-1) + 1
+        for pci in pcis:
+            if pci in listed or len(sample.gpus) >= 64:
+                continue
+            uuid, name = known.get(pci, ("", ""))
+            sample.gpus.append(GpuSample(index=index, uuid=uuid, pci_bus_id=pci, name=name, present=False,
+                                         nvml_error="NOT_IN_NVML"))
+            index += 1
+            self.stats.missing_from_nvml += 1
 
     def _sysfs(self, sample: Sample, name: str, fn: Callable[[ReadStats], list[Any]], attr: str) -> None:
         st = ReadStats()

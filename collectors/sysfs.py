@@ -121,6 +121,26 @@ def read_pcie(sysfs_root: str | Path, stats: ReadStats, *, only: set[str] | None
     return out
 
 
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0302", "0x0300")  # 3D controller (datacenter GPUs), VGA controller
+
+
+def nvidia_gpu_functions(sysfs_root: str | Path, stats: ReadStats) -> list[str]:
+    """PCI addresses of NVIDIA GPU functions (vendor 0x10de, class 0x0302xx / 0x0300xx) in sysfs:
+    what the PCI core enumerated, whatever the driver answers. NVSwitches (class 0x0680) and the
+    GPUs' audio functions (0x0403) are not GPUs."""
+    base = Path(sysfs_root) / "bus" / "pci" / "devices"
+    out = []
+    for addr in listdir(base, stats):
+        vendor = read_text(base / addr / "vendor", stats)
+        if vendor is None or vendor.strip().lower() != NVIDIA_VENDOR:
+            continue
+        cls = read_text(base / addr / "class", stats)
+        if cls is not None and cls.strip().lower().startswith(GPU_CLASSES):
+            out.append(addr)
+    return sorted(out)
+
+
 def _small(v: int | None) -> int | None:
     return v if v is not None and v <= 1_000_000 else None
 

@@ -338,7 +338,8 @@ class PresenceRule(Evaluator):
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
               out: list[Finding]) -> None:
         if self.check_kind == "not_present":
-            hit, val = not elem.present, "present=false"
+            hit = not elem.present
+            val = f"present=false, {elem.nvml_error or 'no NVML error'}, PCI {elem.pci_bus_id or 'unknown'}" if hit else ""
         elif self.check_kind == "nvml_error":
             hit, val = elem.nvml_error in self.values, elem.nvml_error
         else:

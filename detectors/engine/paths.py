@@ -158,7 +158,7 @@ def _compile(chain: tuple[str, ...], is_key: bool) -> Getter:
 
 
 def gpu_component(g: GpuSample) -> str:
-    return g.uuid or f"gpu{g.index}"
+    return g.uuid or (f"pci:{g.pci_bus_id}" if g.pci_bus_id else f"gpu{g.index}")
 
 
 norm_pci = _normalise_pci  # one canonical form for every part (fleethealth.ids)

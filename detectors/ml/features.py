@@ -24,7 +24,7 @@ import numpy as np
 
 from detectors.ml.counters import deltas
 from fleethealth.ids import normalise_pci as _normalise_pci
-from fleethealth.schema import GpuSample, NetPort, Sample
+from fleethealth.schema import GpuSample, NetPort, NvlinkCounters, Sample
 from fleethealth.xid import xid_table
 
 FEATURE_SPEC = 1  # bump when a feature's meaning changes: models trained on another spec are refused
@@ -182,11 +182,19 @@ def _gpu_counters(g: GpuSample) -> list[int | None]:
     return out
 
 
+def _data_path(n: NvlinkCounters) -> list[int | None]:
+    """Per-link data-path errors: CRC_DATA before Hopper, ECC_DATA on Hopper+ (where CRC_DATA is
+    not supported), whichever the link answers."""
+    if not n.ecc_data:
+        return list(n.crc_data)
+    return [c if c is not None else (n.ecc_data[i] if i < len(n.ecc_data) else None) for i, c in enumerate(n.crc_data)]
+
+
 def _nvlink_counters(g: GpuSample) -> list[int | None]:
     n = g.nvlink
     if n is None:
         return []
-    return [*n.crc_flit, *n.crc_data, *n.replay, *n.recovery]
+    return [*n.crc_flit, *_data_path(n), *n.replay, *n.recovery]
 
 
 def _aer_totals(d: dict[str, int], total_key: str) -> int:
@@ -224,14 +232,17 @@ def _gpu_static(st: HostFeatureState, key: str, g: GpuSample, per_min: float) ->
         row[11] = 1.0
     gen_r = width_r = 1.0
     if p is not None:
-        if p.gen_current and p.gen_max and p.gen_current < p.gen_max:
+        # an idle GPU drops its link to gen 1 to save power (not a fault): the generation only
+        # counts under load, as in rule pcie.gpu.gen-under-load; width does not drop for power saving
+        busy = g.utilization_pct is not None and g.utilization_pct >= 50
+        if busy and p.gen_current and p.gen_max and p.gen_current < p.gen_max:
             gen_r = p.gen_current / p.gen_max
         if p.width_current and p.width_max and p.width_current < p.width_max:
             width_r = p.width_current / p.width_max
     row[13], row[14] = gen_r, width_r
     nvl = g.nvlink
     if nvl is not None and nvl.crc_flit:
-        nv = [*nvl.crc_flit, *nvl.crc_data, *nvl.replay, *nvl.recovery]
+        nv = [*nvl.crc_flit, *_data_path(nvl), *nvl.replay, *nvl.recovery]
         prev_nv = st.nvl_snap.get(key)
         if prev_nv != nv:
             nd = deltas(prev_nv, nv)

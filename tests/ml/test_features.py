@@ -115,3 +115,32 @@ def test_empty_sample_is_fine() -> None:
     out = [fs.feed(Sample(host="h", ts=T0 + 10 * i, seq=i, collector_version="t")) for i in range(10)]
     ws = [w for w in out if w is not None]
     assert ws and ws[0].gpu.shape[0] == 0 and ws[0].port.shape[0] == 0
+
+
+def test_an_idle_gpu_at_pcie_gen1_is_not_degraded_but_a_busy_one_is() -> None:
+    """At idle the GPU drops its link to gen 1 to save power (review nvml.md §3): the feature read
+    that as degradation on every idle GPU of a real host."""
+    def at(i: int, util: float) -> Sample:
+        s = _sample(i)
+        for g in s.gpus:
+            g.pcie = PcieLink(gen_current=1, gen_max=5, width_current=16, width_max=16, replay_counter=0)
+            g.utilization_pct = util
+        return s
+
+    idle = _windows([at(i, 0.0) for i in range(20)])
+    busy = _windows([at(i, 95.0) for i in range(20)])
+    assert idle and all(w.gpu[:, GI["pcie_gen_ratio"]].min() == 1.0 for w in idle)
+    assert busy and all(w.gpu[:, GI["pcie_gen_ratio"]].max() == pytest.approx(0.2) for w in busy)
+
+
+def test_hopper_nvlink_data_errors_count_from_ecc_data() -> None:
+    def hopper(i: int) -> Sample:
+        s = _sample(i)
+        for g in s.gpus:
+            g.nvlink = NvlinkCounters(active=[True] * 4, crc_flit=[0] * 4, crc_data=[None] * 4, replay=[0] * 4,
+                                      recovery=[0] * 4, ecc_data=[60 * i if g.index == 0 else 0, 0, 0, 0])
+        return s
+
+    ws = _windows([hopper(i) for i in range(30)])
+    assert ws and all(w.gpu[0, GI["nvlink_crc_rate"]] > 0 for w in ws[1:])
+    assert all(w.gpu[1:, GI["nvlink_crc_rate"]].max() == 0 for w in ws)
