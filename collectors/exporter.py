@@ -7,6 +7,7 @@ into metric families on each scrape; :func:`start_exporter` serves them on 127.0
 
 from __future__ import annotations
 
+import errno
 import re
 import threading
 from collections import Counter
@@ -259,13 +260,25 @@ class _Obj:
         self.__dict__.update(d)
 
 
-def start_exporter(metrics: SampleMetrics, port: int, addr: str = "127.0.0.1") -> Any:
-    """Serve /metrics; returns the server (``.shutdown()``) or None when port is 0."""
+DEFAULT_PORT = 9404  # off dcgm-exporter's 9400 (and 9401-9403, the fleet services' own metrics)
+DEFAULT_ADDRESS = "127.0.0.1"
+
+
+def start_exporter(metrics: SampleMetrics, port: int, addr: str = DEFAULT_ADDRESS) -> Any:
+    """Serve /metrics on ``addr:port`` (``0.0.0.0`` / ``::`` for every interface, so a central
+    Prometheus can scrape it); returns the server (``.shutdown()``) or None when port is 0.
+    A port in use or an address that cannot be bound is a :class:`UserError` naming both (the CLI
+    prints one line and exits 2), never a traceback."""
     if not port:
         return None
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        why = "the port is in use (dcgm-exporter listens on 9400)" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise UserError(f"cannot serve metrics on {addr}:{port}: {why}; choose another --exporter-port, "
+                        "or 0 to disable the exporter") from None
     return server

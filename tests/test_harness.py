@@ -40,7 +40,7 @@ def test_prometheus_is_ready_and_scrapes_the_fleet_ports(prometheus_url: str) ->
         assert resp.status == 200
     with urllib.request.urlopen(prometheus_url + "/api/v1/status/config", timeout=5) as resp:
         config = json.load(resp)["data"]["yaml"]
-    for port in (9400, 9401, 9402, 9403):
+    for port in (9401, 9402, 9403, 9404):
         assert f"127.0.0.1:{port}" in config
     assert "scrape_interval: 1s" in config
 

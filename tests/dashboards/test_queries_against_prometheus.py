@@ -1,6 +1,6 @@
 """Every query of every dashboard, run against the real Prometheus scraping a running pipeline.
 
-`fleethealth run` on a simulated fleet with faults serves the collector-style metrics on 9400 and
+`fleethealth run` on a simulated fleet with faults serves the collector-style metrics on 9404 and
 the fleet services' metrics on 9403 — the ports deploy/prometheus/prometheus.yml scrapes every
 second. Each panel's PromQL (template variables filled in with a real host) must parse and return
 data, and the fleet overview must show the failure modes the pipeline detected.
@@ -24,7 +24,7 @@ from fleetcli.pipeline import RunOptions, RunResult, run
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-COLLECTOR_PORT, SERVICES_PORT = 9400, 9403
+COLLECTOR_PORT, SERVICES_PORT = 9404, 9403
 WINDOW = "5m"  # $__rate_interval / $__interval: covers the whole run
 
 
@@ -54,7 +54,7 @@ def _wait(pred, what: str, timeout: float = 60.0) -> None:
 
 @pytest.fixture(scope="module")
 def served(prometheus_url: str):
-    assert {COLLECTOR_PORT, SERVICES_PORT} <= _scraped_ports(), "prometheus.yml no longer scrapes 9400/9403"
+    assert {COLLECTOR_PORT, SERVICES_PORT} <= _scraped_ports(), "prometheus.yml no longer scrapes 9404/9403"
     ready, finished, stop = threading.Event(), threading.Event(), threading.Event()
     box: dict[str, Any] = {}
 
@@ -80,7 +80,7 @@ def served(prometheus_url: str):
             r = _query(prometheus_url, f'up{{job="{job}", instance=~".*:({COLLECTOR_PORT}|{SERVICES_PORT})"}} == 1')
             return bool(r.get("data", {}).get("result"))
 
-        _wait(lambda: up("fleethealth-collector") and up("fleethealth-services"), "Prometheus to scrape 9400 and 9403")
+        _wait(lambda: up("fleethealth-collector") and up("fleethealth-services"), "Prometheus to scrape 9404 and 9403")
         assert finished.wait(120), "the run did not finish"
         assert "error" not in box, box.get("error")
         time.sleep(3.5)  # a few scrapes of the final state, so rate()/increase() have two points
