@@ -525,9 +525,14 @@ class NvmlSource:
         bridgeless PCIe board, a VM, a reduced bandwidth mode), so only a link that *was* up and went
         down reads as ``False``."""
         nv = self.nvml
-        kinds = [("crc_flit", nv.NVML_NVLINK_ERROR_DL_CRC_FLIT), ("crc_data", nv.NVML_NVLINK_ERROR_DL_CRC_DATA),
-                 ("replay", nv.NVML_NVLINK_ERROR_DL_REPLAY), ("recovery", nv.NVML_NVLINK_ERROR_DL_RECOVERY),
-                 ("ecc_data", getattr(nv, "NVML_NVLINK_ERROR_DL_ECC_DATA", 4))]
+        kinds = [("crc_flit", nv.NVML_NVLINK_ERROR_DL_CRC_FLIT), ("replay", nv.NVML_NVLINK_ERROR_DL_REPLAY),
+                 ("recovery", nv.NVML_NVLINK_ERROR_DL_RECOVERY)]
+        # the data-path counter: CRC_DATA before Hopper, ECC_DATA from Hopper on (CRC_DATA answers
+        # NotSupported there); both when the architecture is unknown
+        if arch is None or arch < _ARCH_HOPPER:
+            kinds.append(("crc_data", nv.NVML_NVLINK_ERROR_DL_CRC_DATA))
+        if arch is None or arch >= _ARCH_HOPPER:
+            kinds.append(("ecc_data", getattr(nv, "NVML_NVLINK_ERROR_DL_ECC_DATA", 4)))
         rows: list[tuple[int, bool | None, dict[str, int | None]]] = []
         seen_up = self._links_seen_up.setdefault(uuid, set())
         scratch: dict[str, str] = {}
@@ -556,7 +561,8 @@ class NvmlSource:
         if any(a is not None for _l, a, _v in rows):
             errors.update({k: v for k, v in scratch.items() if k not in errors})
         n = rows[-1][0] + 1
-        c = NvlinkCounters(active=[None] * n)
+        c = NvlinkCounters(active=[None] * n, crc_flit=[None] * n, crc_data=[None] * n, replay=[None] * n,
+                           recovery=[None] * n)
         for attr, _k in kinds:
             setattr(c, attr, [None] * n)
         for link, active, vals in rows:

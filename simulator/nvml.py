@@ -97,6 +97,15 @@ _MIG_ERRORS: list[tuple[str, Any]] = [
 ]
 
 
+_TABLES: dict[tuple[str, bool], dict[str, list[Any]]] = {}
+for _arch, _rows in ARCH_ERRORS.items():
+    for _mig in (False, True):
+        _t: dict[str, list[Any]] = {}
+        for _fn, _test in _rows + (_MIG_ERRORS if _mig else []):
+            _t.setdefault(_fn, []).append(_test)
+        _TABLES[(_arch, _mig)] = _t
+
+
 def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # pynvml maps the code to its subclass (NVMLError_GpuIsLost, ...)
 
@@ -175,6 +184,7 @@ class SimNvml:
         buses = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB] + list(range(0x100, 0x100 + 56))
         self.gpus: list[SimGpu] = []
         self._by_addr: dict[int, SimGpu] = {}
+        self._by_id: dict[int, SimGpu] = {}  # fast path: the handle objects this sim handed out
         for i in range(n_gpus):
             h = self._rng.getrandbits(64)
             uuid = f"GPU-{h >> 32:08x}-{(h >> 16) & 0xFFFF:04x}-{h & 0xFFFF:04x}-{seed & 0xFFFF:04x}-{i:012x}"
@@ -185,6 +195,7 @@ class SimNvml:
             g.handle_buf = ctypes.c_uint64(i)  # a real c_nvmlDevice_t pointing at memory this object owns
             g.handle = ctypes.cast(ctypes.pointer(g.handle_buf), pynvml.c_nvmlDevice_t)
             self._by_addr[ctypes.addressof(g.handle_buf)] = g
+            self._by_id[id(g.handle)] = g
             self.gpus.append(g)
 
     # ------------------------------------------------------------------ module-like surface
@@ -207,6 +218,9 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
 
     def _lookup(self, handle: Any) -> SimGpu:
+        g = self._by_id.get(id(handle))
+        if g is not None and g.handle is handle:
+            return g
         try:
             addr = ctypes.cast(handle, ctypes.c_void_p).value
         except (ctypes.ArgumentError, TypeError):
@@ -232,8 +246,8 @@ class SimNvml:
 
     @staticmethod
     def _unsupported(g: SimGpu, fn: str, args: tuple[Any, ...]) -> bool:
-        table = ARCH_ERRORS[g.arch] + (_MIG_ERRORS if g.mig else [])
-        return any(f == fn and (test is None or test(args)) for f, test in table)
+        tests = _TABLES[(g.arch, g.mig)].get(fn)
+        return tests is not None and any(t is None or t(args) for t in tests)
 
     def _visible(self) -> list[SimGpu]:
         return [g for g in self.gpus if g.enumerated]
