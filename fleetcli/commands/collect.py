@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -16,6 +17,8 @@ from fleethealth.cliutil import flag
 from fleethealth.errors import ServiceUnavailable, UserError
 
 log = logging.getLogger("fleethealth.collect")
+MIN_INTERVAL = 0.1  # seconds: a smaller --interval (0 included) would busy-loop a core
+DEFAULT_PORT, DEFAULT_ADDRESS = 9404, "127.0.0.1"  # as collectors.exporter (not imported: keep startup light)
 
 COLLECT_HELP = """\
 Run the per-host collector: every --interval seconds read NVML (per-GPU ECC by location, remapped
@@ -23,7 +26,10 @@ rows, retired pages, PCIe, NVLink, temperature, power, throttle reasons, Xid eve
 AER and link, InfiniBand/RoCE ports, EDAC) and the kernel log (Xid, fallen off the bus, AER, EDAC,
 MCE lines), and publish one sample per poll to the sink. Samples are spooled on disk first and
 sent in order, so a Kafka outage loses nothing (up to --spool-max-mb). Prometheus metrics are
-served on --exporter-address:--exporter-port (127.0.0.1:9400 by default). SIGTERM flushes the spool and saves the sequence number.
+served on --exporter-address:--exporter-port (127.0.0.1:9404 by default; 9400 is dcgm-exporter's).
+SIGTERM flushes the spool and saves the sequence number. A daemon needs an explicit --sink (or
+FLEETHEALTH_SINK): without one it refuses to start (exit 2) instead of writing JSON to stdout;
+--once alone prints to stdout. Exit 2 also for a taken exporter port.
 
   fleethealth collect --simulate --once --sink stdout      # one simulated 8-GPU sample, no GPU needed
   fleethealth collect --simulate --inject gpu_dram_uce@3 --once --sink stdout   # ... with a fault
@@ -36,12 +42,12 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--simulate", action="store_true", help="use the simulated NVML and a built-in simulated host tree")
     flag(p, "--once", action="store_true", help="take one sample, deliver it, exit")
-    flag(p, "--sink", default="stdout", help="kafka | kafka:HOST:PORT | stdout | jsonl:PATH (Kafka: with the "
-         "config's [kafka] bootstrap, client_id, compression and security (SASL/TLS) settings)")
+    flag(p, "--sink", default=None, help="kafka | kafka:HOST:PORT | stdout | jsonl:PATH (required unless --once; "
+         "Kafka: with the config's [kafka] bootstrap, client_id, compression and security (SASL/TLS) settings)")
     flag(p, "--identity-key", metavar="FILE", help="this host's key (fleethealth identity-key HOST, hex, mode 600): "
          "every Kafka record is signed with it, for detect --identity-secret")
     flag(p, "--topic", default="fleet.telemetry.v1", help="Kafka / JSONL topic for samples")
-    flag(p, "--interval", type=float, default=10.0, help="seconds between polls")
+    flag(p, "--interval", type=float, default=10.0, help=f"seconds between polls (at least {MIN_INTERVAL:g})")
     flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
     flag(p, "--polls", type=int, default=0, help="stop after this many polls (0 = run until SIGTERM)")
     flag(p, "--host", default=socket.gethostname(), help="host name in samples (the Kafka key)")
@@ -56,9 +62,10 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--spool-dir", default=None, help="on-disk spool (default STATE_DIR/spool)")
     flag(p, "--spool-max-mb", type=float, default=256.0, help="spool bound; past it the oldest samples drop")
     flag(p, "--nvml-timeout", type=float, default=2.0, help="deadline for one GPU's NVML reads, seconds")
-    flag(p, "--exporter-port", type=int, default=9400, help="Prometheus exporter port (0 disables)")
-    flag(p, "--exporter-address", default="127.0.0.1",
-         help="exporter listen address (0.0.0.0 where a central Prometheus scrapes the host or pod)")
+    flag(p, "--exporter-port", type=int, default=DEFAULT_PORT, help="Prometheus exporter port (0 disables)")
+    flag(p, "--exporter-address", default=DEFAULT_ADDRESS,
+         help="address the exporter binds: 127.0.0.1 (this host only), 0.0.0.0 / :: (every interface, "
+              "for a central Prometheus), or one interface's address")
     p.add_argument("--source", action="append", default=[], metavar="KIND=URL",
                    help="scrape a local exporter instead of a builtin reader, repeatable: dcgm-exporter=URL "
                         "(GPUs, instead of NVML), node-exporter=URL (InfiniBand ports, EDAC, boot id, instead "
@@ -110,7 +117,14 @@ def run_collect(args: argparse.Namespace) -> int:
     from collectors.daemon import Collector, CollectorSettings
     from collectors.exporter import SampleMetrics, load_catalog, start_exporter
 
+    if args.interval < MIN_INTERVAL:
+        raise UserError(f"--interval {args.interval:g}: must be at least {MIN_INTERVAL:g} s")
+    sink_spec = args.sink or ("stdout" if args.once else None)
+    if sink_spec is None:
+        raise UserError("collect needs a sink: --sink kafka[:HOST:PORT] | jsonl:PATH | stdout (or FLEETHEALTH_SINK); "
+                        "it does not write samples to stdout (the journal) unless told to")
     state_dir = args.state_dir
+    made_tmp = False
     sysfs, proc, kmsg = args.sysfs_root, args.proc_root, args.kmsg_file
     nvml: Any
     specs = _source_specs(args)
@@ -121,7 +135,8 @@ def run_collect(args: argparse.Namespace) -> int:
         from simulator.host import build_sim_host
         from simulator.nvml import SimNvml
 
-        state_dir = state_dir or tempfile.mkdtemp(prefix="fleethealth-sim-")
+        if not state_dir:
+            state_dir, made_tmp = tempfile.mkdtemp(prefix="fleethealth-sim-"), True
         paths = build_sim_host(Path(state_dir) / "simhost", n_gpus=args.sim_gpus)
         sysfs, proc, kmsg = sysfs or str(paths["sys"]), proc or str(paths["proc"]), kmsg or str(paths["kmsg"])
         nvml = SimNvml(args.sim_gpus, seed=args.sim_seed, host=args.host)
@@ -149,15 +164,24 @@ def run_collect(args: argparse.Namespace) -> int:
         Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot create --state-dir {settings.state_dir}: {exc}") from exc
+    if not args.simulate:
+        _warn_missing_paths(settings)
     metrics = SampleMetrics(load_catalog())
+    server = start_exporter(metrics, 0 if args.once else args.exporter_port, args.exporter_address)
     from collectors.prom_source import PromScrapeSource
 
     scrapers = [PromScrapeSource(kind, url, timeout=args.scrape_timeout, state_dir=settings.state_dir)
                 for kind, url in specs]
-    collector = Collector(settings, sink=_sink(args.sink, args.topic, getattr(args, "config", None), args.identity_key),
-                          nvml=nvml, on_sample=metrics.update, sources=scrapers)
+    try:
+        sink = _sink(sink_spec, args.topic, getattr(args, "config", None), args.identity_key)
+    except BaseException:
+        if server is not None:
+            server.shutdown()
+        raise
+    collector = Collector(settings, sink=sink, nvml=nvml, on_sample=metrics.update, sources=scrapers)
     metrics.stats_fn = lambda: _stats(collector)
-    server = start_exporter(metrics, 0 if args.once else args.exporter_port, args.exporter_address)
+    if server is not None:
+        log.info("exporter listening", extra={"address": args.exporter_address, "port": args.exporter_port})
     stop = threading.Event()
 
     def _term(signum: int, _frame: Any) -> None:
@@ -187,7 +211,22 @@ def run_collect(args: argparse.Namespace) -> int:
     if not ok:
         log.warning("samples left in the spool; they are sent on the next start", extra={"spooled": left})
     log.info("collector stopped", extra={"polls": collector.stats.polls, "next_seq": collector.seq})
+    if made_tmp and ok:
+        shutil.rmtree(state_dir, ignore_errors=True)  # a --simulate run without --state-dir leaves nothing behind
     return 0 if ok or not args.once else 3
+
+
+def _warn_missing_paths(s: Any) -> None:
+    """A wrong --kmsg-file / --sysfs-root / --proc-root reads nothing, silently, poll after poll:
+    say so once at start."""
+    if s.kmsg_path and s.kmsg_path != "journal" and not os.path.exists(s.kmsg_path):
+        log.warning("kernel log %s does not exist: no kernel-log events will be collected "
+                    "(--kmsg-file PATH or 'journal')", s.kmsg_path)
+    if not os.path.isdir(os.path.join(s.sysfs_root, "bus", "pci", "devices")):
+        log.warning("%s has no bus/pci/devices: no PCIe AER/link data and no GPU cross-check (--sysfs-root)",
+                    s.sysfs_root)
+    if not os.path.exists(os.path.join(s.proc_root, "sys", "kernel", "random", "boot_id")):
+        log.warning("%s has no sys/kernel/random/boot_id: reboots will not be recognised (--proc-root)", s.proc_root)
 
 
 def _source_specs(args: argparse.Namespace) -> list[tuple[str, str]]:
