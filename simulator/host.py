@@ -40,6 +40,8 @@ def build_sim_host(root: str | Path, *, n_gpus: int = 8, n_ports: int = 8, n_mc:
     sys_root, proc = root / "sys", root / "proc"
     for i in range(n_gpus):
         d = sys_root / "bus" / "pci" / "devices" / f"0000:{GPU_BUSES[i % 8] + i // 8:02x}:00.0"
+        _w(d / "vendor", "0x10de")  # NVIDIA, 3D controller: what the collector's sysfs cross-check counts
+        _w(d / "class", "0x030200")
         _w(d / "current_link_speed", "32.0 GT/s PCIe")
         _w(d / "max_link_speed", "32.0 GT/s PCIe")
         _w(d / "current_link_width", "16")

@@ -181,7 +181,7 @@ class SimNvml:
         self._wait_error: int | None = None
         self._hang_all_until = 0.0
         self.calls = 0
-        buses = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB] + list(range(0x100, 0x100 + 56))
+        buses = [(0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)[i % 8] + i // 8 for i in range(n_gpus)]  # as host.py
         self.gpus: list[SimGpu] = []
         self._by_addr: dict[int, SimGpu] = {}
         self._by_id: dict[int, SimGpu] = {}  # fast path: the handle objects this sim handed out

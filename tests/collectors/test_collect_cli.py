@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def fh(*args: str, tmp: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETHEALTH_")}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "fleethealth.cli", *args], cwd=tmp, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fleetcli.cli", *args], cwd=tmp, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -57,14 +57,14 @@ def test_simulate_without_a_state_dir_leaves_nothing_behind(tmp_path):
     env_tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETHEALTH_")}
     env.update(PYTHONPATH=str(ROOT), TMPDIR=str(env_tmp))
-    r = subprocess.run([sys.executable, "-m", "fleethealth.cli", "collect", "--simulate", "--once", "--sink", "stdout"],
+    r = subprocess.run([sys.executable, "-m", "fleetcli.cli", "collect", "--simulate", "--once", "--sink", "stdout"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and list(env_tmp.iterdir()) == []
 
 
 _RSS_CHILD = textwrap.dedent("""
     import resource, sys
-    from fleethealth.cli import main
+    from fleetcli.cli import main
     rc = main(sys.argv[1:])
     heavy = sorted(m for m in ("sklearn", "scipy", "pandas", "skops", "numpy") if m in sys.modules)
     print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, ",".join(heavy) or "-")

@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from collectors.nvml_source import NvmlSource
-from collectors.sim_nvml import SimNvml
+from simulator.nvml import SimNvml
 
 
 def by_index(poll):

@@ -10,10 +10,10 @@ import msgspec
 import pytest
 
 from collectors.daemon import Collector, CollectorSettings
-from collectors.sim_nvml import SimNvml
-from detectors.engine import DetectorEngine
-from detectors.fixtures import HostSeries
-from detectors.ruleset import RuleSet
+from detectors.engine.engine import DetectorEngine
+from detectors.engine.ruleset import RuleSet
+from simulator.fixtures import HostSeries
+from simulator.nvml import SimNvml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "collectors"
 replace = msgspec.structs.replace

@@ -68,7 +68,7 @@ def _start(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     env.update(PYTHONPATH=str(ROOT), FLEETHEALTH_SINK=f"jsonl:{tmp / 'delivered.jsonl'}",
                FLEETHEALTH_EXPORTER_PORT=str(port), FLEETHEALTH_INTERVAL="0.1", FLEETHEALTH_SIMULATE="1",
                FLEETHEALTH_SIM_GPUS="4")
-    return subprocess.Popen([sys.executable, "-m", "fleethealth.cli", *args], env=env, cwd=tmp,
+    return subprocess.Popen([sys.executable, "-m", "fleetcli.cli", *args], env=env, cwd=tmp,
                             stdout=subprocess.DEVNULL, stderr=(tmp / "collector.log").open("ab"),
                             preexec_fn=lambda: os.umask(0o077))  # the unit's UMask
 
