@@ -4,7 +4,7 @@
     SQLite tickets) --ACTIONS-->  all on one InProcessBus, wrapped in a CountingBus
 
 Exporters: collector-style per-host metrics for the whole fleet being run (``--exporter-port``, the
-port Prometheus scrapes for the collector, 9400) and the fleet services' own metrics
+port Prometheus scrapes for the collector, 9404) and the fleet services' own metrics
 (``--metrics-port``, 9403): detector and remediation registries plus the fleet-state collector.
 The stages run in this thread, interleaved with publishing, so a run is deterministic for a seed.
 How each colleague part is driven lives in ``fleetcli.run_parts``.
@@ -215,8 +215,8 @@ def _add_run_flags(p: argparse.ArgumentParser, demo: bool = False) -> None:
          help="ticket store (default: an in-memory SQLite store for the run)")
     flag(p, "--metrics-port", type=int, default=0 if not demo else 9403,
          help="serve the fleet services' metrics on 127.0.0.1:PORT (0: off; Prometheus scrapes 9403)")
-    flag(p, "--exporter-port", type=int, default=0 if not demo else 9400,
-         help="serve collector-style per-host metrics of the fleet on 127.0.0.1:PORT (0: off; 9400)")
+    flag(p, "--exporter-port", type=int, default=0 if not demo else 9404,
+         help="serve collector-style per-host metrics of the fleet on 127.0.0.1:PORT (0: off; 9404)")
     flag(p, "--keep-serving", type=float, default=0.0, metavar="S",
          help="after the run, keep the exporters up S seconds (for Prometheus / Grafana)")
     flag(p, "--quiet", action="store_true", help="no progress bar")

@@ -63,11 +63,13 @@ def test_simulate_without_a_state_dir_leaves_nothing_behind(tmp_path):
 
 
 _RSS_CHILD = textwrap.dedent("""
-    import resource, sys
+    import sys
     from fleetcli.cli import main
     rc = main(sys.argv[1:])
     heavy = sorted(m for m in ("sklearn", "scipy", "pandas", "skops", "numpy") if m in sys.modules)
-    print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, ",".join(heavy) or "-")
+    # VmHWM: this process's peak RSS (ru_maxrss would carry the forking parent's size over exec)
+    hwm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
+    print(rc, hwm // 1024, ",".join(heavy) or "-")
 """)
 
 
