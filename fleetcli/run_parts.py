@@ -21,6 +21,7 @@ from prometheus_client.core import Metric
 
 from fleethealth.bus import INCIDENTS, Bus, read_values
 from fleethealth.errors import UserError
+from fleethealth.recordings import meta_path
 from fleethealth.schema import ContractError, Incident, Sample, decode_sample, encode
 
 log = logging.getLogger("fleetcli.pipeline")
@@ -62,19 +63,19 @@ def open_source(opts: Any) -> Source:
 
 def _truth_beside(path: Path) -> list[dict[str, Any]] | None:
     """The recording's ground truth; None when it has none (an empty file: a fleet with no fault)."""
-    from simulator.engine import truth_path
+    from fleethealth.recordings import read_truth, truth_path
 
     tp = truth_path(path)
     if not tp.exists():
         return None
-    return [json.loads(line) for line in tp.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_truth(tp)
 
 
 def _replay_source(path: Path) -> Source:
     if not path.exists():
         raise UserError(f"{path}: no such recording")
     src = Source(describe=str(path), total=None, truth=_truth_beside(path), path=path)
-    meta = path.with_name(path.name.replace(".jsonl.gz", "").replace(".jsonl", "") + ".meta.json")
+    meta = meta_path(path)
     if meta.exists():
         doc = json.loads(meta.read_text())
         src.total = doc.get("samples")

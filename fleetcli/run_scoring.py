@@ -9,22 +9,21 @@ from fleethealth.schema import Incident
 
 
 def _faults(truth: list[dict[str, Any]]) -> list[Any]:
-    from detectors.scoring.scoring import TruthFault
+    from detectors.scoring.scoring import truth_faults
 
-    return [TruthFault(str(r["id"]), r["host"], r.get("component") or "host", r["failure_mode"],
-                       float(r["onset"]), float(r["end"]), tuple(r.get("secondary") or ())) for r in truth]
+    return truth_faults(truth)
 
 
 def plots(truth: list[dict[str, Any]], incidents: list[Incident], host_ts: dict[str, list[float]]) -> list[tuple[str, str]]:
     """(title, base64 PNG) of the scorecard's plots: faults vs detections per host, the confusion
     matrix, precision and recall per mode (the same figures as ``replay --score --report``)."""
     from detectors.scoring.report import bars, confusion, timeline
-    from detectors.scoring.scoring import RunResult, score
+    from detectors.scoring.scoring import DetectionRun, score
 
     faults = _faults(truth)
     card = score(faults, incidents, host_ts.keys(), host_ts=host_ts)
     first = min((ts[0] for ts in host_ts.values() if ts), default=0.0)
-    res = RunResult(incidents=list(incidents), hosts=set(host_ts), first_ts=first)
+    res = DetectionRun(incidents=list(incidents), hosts=set(host_ts), first_ts=first)
     return [("Faults vs detections per host", timeline(card, faults, res)),
             ("Confusion matrix", confusion(card, faults)), ("Precision and recall", bars(card))]
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
+from fleethealth.recordings import side_path
+
 TELEMETRY = "fleet.telemetry.v1"
 INCIDENTS = "fleet.incidents.v1"
 ACTIONS = "fleet.actions.v1"
@@ -287,12 +289,7 @@ def topic_path(path: Path, topic: str) -> Path:
     """Telemetry goes to PATH itself; other topics beside it as PATH-stem.<topic>.jsonl."""
     if topic == TELEMETRY:
         return path
-    name = path.name
-    for ext in (".jsonl.gz", ".jsonl", ".gz"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
-    return path.with_name(f"{name}.{topic}.jsonl")
+    return side_path(path, f"{topic}.jsonl")
 
 
 class JsonlBus:

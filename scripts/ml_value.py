@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from detectors.engine.engine import DetectorEngine
     from detectors.ml import load_ml_detectors
-    from detectors.scoring.scoring import _same_component, load_truth, truth_path_for
+    from detectors.scoring.scoring import _same_component, load_truth
     from fleethealth.bus import iter_jsonl
+    from fleethealth.recordings import truth_path
     from fleethealth.schema import decode_sample
 
     models = load_ml_detectors(args.models)
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             found[str(m.name)] += m.feed(s)
     for m in models:
         found[str(m.name)] += m.flush()
-    truth = load_truth(truth_path_for(args.recording))
+    truth = load_truth(truth_path(args.recording))
 
     def near(host: str, comp: str, ts: float, t) -> bool:  # type: ignore[no-untyped-def]
         return (host == t.host and _same_component(comp, t.component)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fleethealth.recordings import meta_path, truth_path
+
 from . import fastpath, klog
 from .faults import KIND, Ctx, Fault, inject
 from .limits import noise_rate_per_hour, per_poll
@@ -38,7 +40,7 @@ DAY = 86400.0
 
 
 @dataclass
-class RunResult:
+class SimulationStats:
     samples: int = 0
     dropped_samples: int = 0
     general_path_samples: int = 0  # rendered by HostState.render, not from a fast-path template
@@ -46,20 +48,6 @@ class RunResult:
     faults_without_room: int = 0
     truth_path: str = ""
     meta_path: str = ""
-
-
-def side_path(out: Path, suffix: str) -> Path:
-    """``fleet.jsonl.gz`` -> ``fleet.<suffix>`` beside it."""
-    name = out.name
-    for ext in (".jsonl.gz", ".jsonl", ".gz"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
-    return out.with_name(f"{name}.{suffix}")
-
-
-def truth_path(out: Path) -> Path:
-    return side_path(out, "truth.jsonl")
 
 
 class Simulation:
@@ -224,7 +212,7 @@ class Simulation:
     # ------------------------------------------------------------------ the loop
     def run(self, emit: Callable[[bytes], None] | None = None, progress: Callable[[int], None] | None = None, *,
             emit_block: Callable[[bytes], None] | None = None,
-            emit_parts: Callable[[list[bytes]], None] | None = None, fast: bool = True) -> RunResult:
+            emit_parts: Callable[[list[bytes]], None] | None = None, fast: bool = True) -> SimulationStats:
         """Poll every host every interval. Lines, sorted by (ts, host), go to ``emit`` one by one (no
         newline), or to ``emit_block`` as one newline-terminated block per interval (cheaper: the
         fragments are joined once), or to ``emit_parts`` as the list of fragments whose concatenation
@@ -233,7 +221,7 @@ class Simulation:
         spec, tl, hosts = self.spec, self.tl, self.hosts
         H, iv = spec.hosts, spec.interval_s
         rng = self.noise
-        res = RunResult()
+        res = SimulationStats()
         active: list = []
         asm = fastpath.Assembler(hosts, fast)
         for t in range(spec.ticks):
@@ -330,7 +318,7 @@ class Simulation:
 
 
 def simulate(spec: RunSpec, out: Path, progress: Callable[[int], None] | None = None,
-             gzip_level: int = DEFAULT_GZIP_LEVEL) -> RunResult:
+             gzip_level: int = DEFAULT_GZIP_LEVEL) -> SimulationStats:
     """Write the telemetry to ``out`` (.jsonl or .jsonl.gz), ground truth and run metadata beside it."""
     sim = Simulation(spec)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -340,7 +328,7 @@ def simulate(spec: RunSpec, out: Path, progress: Callable[[int], None] | None = 
     with open(tp, "w", encoding="utf-8", newline="\n") as fh:
         for rec in sim.truth_records():
             fh.write(json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n")
-    mp = side_path(out, "meta.json")
+    mp = meta_path(out)
     meta = {
         "format": "fleethealth-sim/1", "spec": asdict(spec), "samples": res.samples,
         "dropped_samples": res.dropped_samples, "faults": dict(sorted(res.faults.items())),

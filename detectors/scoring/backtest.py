@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from detectors.scoring.scoring import RunResult, run_recording
+from detectors.scoring.scoring import DetectionRun, run_recording
 from fleethealth.errors import UserError
 from fleethealth.schema import Incident
 from fleethealth.taxonomy import info
@@ -62,7 +62,7 @@ def episodes(incidents: list[Incident]) -> list[Episode]:
 
 
 def backtest(path: Path, out_dir: Path | None, progress: Any = None,
-             engine: Any = None) -> tuple[RunResult, list[Episode], Path | None]:
+             engine: Any = None) -> tuple[DetectionRun, list[Episode], Path | None]:
     if not path.exists():
         raise UserError(f"{path}: no such recording")
     res = run_recording(path, engine, progress=progress)
@@ -77,7 +77,7 @@ def backtest(path: Path, out_dir: Path | None, progress: Any = None,
     return res, eps, page
 
 
-def write_page(out_dir: Path, path: Path, res: RunResult, eps: list[Episode]) -> Path:
+def write_page(out_dir: Path, path: Path, res: DetectionRun, eps: list[Episode]) -> Path:
     span = f"{utc(res.first_ts)} to {utc(res.last_ts)}" if res.samples else "no samples"
     rows = "".join(
         f"<tr><td>{utc(e.first_seen)}</td><td>{html.escape(e.host)}</td><td>{html.escape(e.component)}</td>"
@@ -100,7 +100,7 @@ def write_page(out_dir: Path, path: Path, res: RunResult, eps: list[Episode]) ->
     return p
 
 
-def format_text(res: RunResult, eps: list[Episode]) -> str:
+def format_text(res: DetectionRun, eps: list[Episode]) -> str:
     lines = [f"{res.samples} samples, {len(res.hosts)} hosts, {res.invalid} invalid; {len(eps)} incident episodes"]
     for e in eps:
         lines.append(f"  {utc(e.first_seen)}  {e.host}  {e.component}  {e.failure_mode} ({e.severity}, "

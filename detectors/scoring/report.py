@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from detectors.scoring.scoring import RunResult, TruthFault, format_scorecard
+from detectors.scoring.scoring import DetectionRun, TruthFault, format_scorecard
 from fleethealth.taxonomy import FAULT_LABELS
 
 MAX_TIMELINE_HOSTS = 60
@@ -37,7 +37,7 @@ def _colors(modes: list[str]) -> dict[str, Any]:
     return {m: cmap(i % 20) for i, m in enumerate(modes)}
 
 
-def timeline(card: dict[str, Any], truth: list[TruthFault], res: RunResult) -> str:
+def timeline(card: dict[str, Any], truth: list[TruthFault], res: DetectionRun) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,7 +118,7 @@ def bars(card: dict[str, Any]) -> str:
     return _png(fig)
 
 
-def write_report(out_dir: Path, card: dict[str, Any], truth: list[TruthFault], res: RunResult) -> Path:
+def write_report(out_dir: Path, card: dict[str, Any], truth: list[TruthFault], res: DetectionRun) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     imgs = [("Timeline", timeline(card, truth, res)), ("Confusion matrix", confusion(card, truth)),
             ("Precision and recall", bars(card))]

@@ -33,6 +33,7 @@ from typing import Any
 from detectors.engine.paths import norm_pci
 from fleethealth.bus import BusError, iter_jsonl
 from fleethealth.errors import UserError
+from fleethealth.recordings import read_truth, truth_path
 from fleethealth.schema import ContractError, Incident, decode_sample
 from fleethealth.taxonomy import DRAIN_WORTHY, FAULT_LABELS
 
@@ -67,7 +68,7 @@ class Detection:
 
 
 @dataclass
-class RunResult:
+class DetectionRun:
     incidents: list[Incident] = field(default_factory=list)
     hosts: set[str] = field(default_factory=set)
     samples: int = 0
@@ -78,38 +79,27 @@ class RunResult:
     host_ts: dict[str, list[float]] = field(default_factory=dict)  # sample times per host (sorted)
 
 
-def truth_path_for(recording: Path) -> Path:
-    name = recording.name
-    for ext in (".jsonl.gz", ".jsonl", ".gz"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
-    return recording.with_name(f"{name}.truth.jsonl")
+def truth_faults(rows: list[dict[str, Any]]) -> list[TruthFault]:
+    """Ground-truth rows (:func:`fleethealth.recordings.read_truth`) as scoring's faults."""
+    try:
+        return [TruthFault(str(r["id"]), str(r["host"]), r.get("component") or "host", str(r["failure_mode"]),
+                           float(r["onset"]), float(r["end"]), tuple(r.get("secondary") or ())) for r in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"bad ground-truth row for scoring (needs id, host, failure_mode, onset, end): {exc}") from None
 
 
 def load_truth(path: Path) -> list[TruthFault]:
-    if not path.exists():
-        raise UserError(f"{path}: no ground truth beside the recording (expected <stem>.truth.jsonl)")
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            out.append(TruthFault(str(r["id"]), r["host"], r.get("component") or "host", r["failure_mode"],
-                                  float(r["onset"]), float(r["end"]), tuple(r.get("secondary") or ())))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"{path}:{n}: bad truth record: {exc}") from None
-    return out
+    """The faults of a ``*.truth.jsonl`` (the recording's: :func:`fleethealth.recordings.truth_path`)."""
+    return truth_faults(read_truth(path))
 
 
-def run_recording(path: Path, engine: Any = None, progress: Callable[[int], None] | None = None) -> RunResult:
+def run_recording(path: Path, engine: Any = None, progress: Callable[[int], None] | None = None) -> DetectionRun:
     """Feed every sample of a recording to the engine (bad lines counted, skipped) and return incidents."""
     if engine is None:
         from detectors.engine.engine import DetectorEngine
 
         engine = DetectorEngine()
-    res = RunResult()
+    res = DetectionRun()
     try:
         for _, raw in iter_jsonl(path):
             try:
@@ -270,7 +260,7 @@ def score_replay(path: Path | str, args: Any = None, engine: Any = None) -> int:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such recording")
-    truth = load_truth(truth_path_for(path))
+    truth = load_truth(truth_path(path))
     quiet = bool(getattr(args, "quiet", False))
     bar = None
     if not quiet and sys.stderr.isatty():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.scoring.scoring import TruthFault, meets_quality_bar, run_recording, score, truth_path_for
+from detectors.scoring.scoring import TruthFault, meets_quality_bar, run_recording, score
+from fleethealth.recordings import truth_path
 from fleethealth.schema import Incident
 
 DATA = Path(__file__).resolve().parents[2] / "replay_data"
@@ -47,7 +48,7 @@ def test_quality_bar_on_shipped_datasets(name):
     from detectors.scoring.scoring import load_truth
 
     res = run_recording(path)
-    card = score(load_truth(truth_path_for(path)), res.incidents, res.hosts, host_ts=res.host_ts)
+    card = score(load_truth(truth_path(path)), res.incidents, res.hosts, host_ts=res.host_ts)
     assert meets_quality_bar(card) == [], card["false_positive_examples"]
     if name.startswith("driver-update"):
         assert res.incidents == []

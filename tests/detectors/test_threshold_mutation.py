@@ -18,7 +18,8 @@ import pytest
 from detectors.engine.engine import DetectorEngine
 from detectors.engine.rulefile import load_rule_files
 from detectors.engine.ruleset import RuleSet
-from detectors.scoring.scoring import load_truth, meets_quality_bar, run_recording, score, truth_path_for
+from detectors.scoring.scoring import load_truth, meets_quality_bar, run_recording, score
+from fleethealth.recordings import truth_path
 
 DATA = Path(__file__).resolve().parents[2] / "replay_data"
 HARD = DATA / "hard-cases-24h.jsonl.gz"
@@ -41,7 +42,7 @@ def card_at(k: float) -> dict:
     rules, n = scaled_rules(k)
     assert n >= 12, f"only {n} counter thresholds found to scale: the rule keys changed"
     res = run_recording(HARD, engine=DetectorEngine(rules=rules))
-    return score(load_truth(truth_path_for(HARD)), res.incidents, res.hosts, host_ts=res.host_ts)
+    return score(load_truth(truth_path(HARD)), res.incidents, res.hosts, host_ts=res.host_ts)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from fleethealth.bus import read_values
+from fleethealth.recordings import truth_path
 from fleethealth.schema import decode_sample
-from simulator.engine import simulate, truth_path
+from simulator.engine import simulate
 from simulator.plan import RunSpec
 
 

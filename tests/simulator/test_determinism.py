@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from fleethealth.errors import UserError
+from fleethealth.recordings import side_path, truth_path
 from fleethealth.schema import decode_sample, encode
-from simulator.engine import side_path, simulate, truth_path
+from simulator.engine import simulate
 from simulator.plan import RunSpec, parse_duration
 
 

@@ -170,8 +170,9 @@ def test_hard_case_scenarios(tmp_path, scenario: str) -> None:  # type: ignore[n
     import json
 
     from fleethealth.bus import read_values
+    from fleethealth.recordings import truth_path
     from fleethealth.schema import decode_sample
-    from simulator.engine import simulate, truth_path
+    from simulator.engine import simulate
     from simulator.plan import RunSpec
 
     out = tmp_path / "s.jsonl"
@@ -201,8 +202,9 @@ def test_slow_drift_creeps_and_ramps(tmp_path) -> None:  # type: ignore[no-untyp
     import json
 
     from fleethealth.bus import read_values
+    from fleethealth.recordings import truth_path
     from fleethealth.schema import decode_sample
-    from simulator.engine import simulate, truth_path
+    from simulator.engine import simulate
     from simulator.plan import RunSpec
 
     out = tmp_path / "d.jsonl"
