@@ -39,6 +39,8 @@ def _stream(n: int = 90, hosts: int = 3):
                 if k >= 10 and i == 1:  # a riser going bad: 100 replays a poll
                     g = s.gpus[3]
                     s.gpus[3] = replace(g, pcie=replace(g.pcie, replay_counter=g.pcie.replay_counter + 100 * (k - 9)))
+                if 30 <= k < 50 and i == 1:  # HW slowdown held for 20 polls
+                    s.gpus[6] = replace(s.gpus[6], clocks_event_reasons=0x8)
                 if k >= 10 and i == 0:  # one GPU 25 C above its peers
                     s.gpus[5] = replace(s.gpus[5], temperature_c=s.gpus[5].temperature_c + 25.0)
                 if 30 <= k < 40 and i == 1:  # the PSU asserts the power brake
