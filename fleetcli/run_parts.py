@@ -152,12 +152,10 @@ class Detection:
     group = "fleethealth-detect"
 
     def __init__(self, bus: Bus, with_models: bool = False, models: Path | None = None) -> None:
-        try:
-            from detectors.engine.engine import DetectorEngine
-            from detectors.worker.metrics import DetectMetrics
-            from detectors.worker.worker import DetectWorker
-        except ImportError as exc:
-            raise UserError(f"the detectors part is not installed here ({exc})") from exc
+        from detectors.engine.engine import DetectorEngine
+        from detectors.worker.metrics import DetectMetrics
+        from detectors.worker.worker import DetectWorker
+
         extra: list[Any] = []
         if with_models:  # opt-in: model-only incidents are tickets, never drains (remediation policy)
             from detectors.registry import model_detectors

@@ -73,13 +73,11 @@ def _timeline_png(incidents: Sequence[Incident]) -> str:
     """Incidents over stream time, one row per failure mode, as a base64 PNG ('' without matplotlib)."""
     if not incidents:
         return ""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return ""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     modes = sorted({i.failure_mode for i in incidents})
     t0 = min(i.first_seen for i in incidents)
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(modes) + 1.2), dpi=90)

@@ -1,28 +1,22 @@
 """Kernel-log lines as real hosts print them (NVRM Xid, PCIe AER, EDAC, MCE), wrapped in
 :class:`~fleethealth.schema.KernelEvent`.
 
-Lines carry the classic ``dmesg`` prefix ``[uptime.usec]``. When the collectors' own kernel-log
-parser (``parsers.kernel_log.parse_kernel_line``) is installed, events are built by parsing the
-generated line with it, so simulated and real hosts go through the same code; otherwise the fields
-are filled from what the simulator knows (the same values the parser would extract).
+Lines carry the classic ``dmesg`` prefix ``[uptime.usec]``. Events are built by parsing the
+generated line with the one kernel-line reader (``parsers.kernel_log.parse_kernel_line``), so
+simulated and real hosts go through the same code; a line the reader does not turn into an event
+gets the fields the simulator knows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from fleethealth.schema import KernelEvent, XidEvent
+from parsers.kernel_log import parse_kernel_line
 
 from .topology import GPU_PCI_ID, GpuSpec
-
-_parse: Callable[..., Any] | None
-try:  # the collector part's parser, when present
-    from parsers.kernel_log import parse_kernel_line as _parse  # type: ignore[import-not-found,no-redef]
-except ImportError:  # pragma: no cover - depends on what is installed
-    _parse = None
 
 _UNKNOWN = "pid='<unknown>', name=<unknown>"
 
@@ -61,13 +55,12 @@ def prefix(uptime: float) -> str:
 
 def _event(ts: float, uptime: float, kind: str, text: str, **kw: Any) -> KernelEvent:
     line = prefix(uptime) + text
-    if _parse is not None:
-        try:
-            ev = _parse(line)
-        except Exception:  # a parser bug must not stop the simulation; fall back to known fields
-            ev = None
-        if isinstance(ev, KernelEvent):
-            return msgspec.structs.replace(ev, ts=ts)
+    try:
+        ev = parse_kernel_line(line)
+    except Exception:  # a parser bug must not stop the simulation; fall back to known fields
+        ev = None
+    if isinstance(ev, KernelEvent):
+        return msgspec.structs.replace(ev, ts=ts)
     return KernelEvent(ts=ts, kind=kind, line=line, **kw)  # type: ignore[arg-type]
 
 

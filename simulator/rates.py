@@ -79,11 +79,6 @@ def rates_per_host_hour(multiplier: float = 1.0) -> dict[str, float]:
     return {k: v / LLAMA3_HOST_HOURS * multiplier for k, v in llama3_counts().items()}
 
 
-def expected_counts(hosts: int, hours: float, multiplier: float = 1.0) -> dict[str, float]:
-    """Expected number of faults per label in a run of ``hosts`` for ``hours``."""
-    return {k: r * hosts * hours for k, r in rates_per_host_hour(multiplier).items()}
-
-
 DEFAULT_RATES: Final = rates_per_host_hour()
 for _label in FAULT_LABELS:  # every mode must be simulated
     assert DEFAULT_RATES[_label] > 0, f"no rate for {_label}"

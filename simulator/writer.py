@@ -89,9 +89,6 @@ class ChunkWriter:
         if self._size >= self.CHUNK:
             self._flush()
 
-    def add_block(self, block: bytes) -> None:
-        self.add_parts([block], len(block))
-
     def _flush(self) -> None:
         if self._buf:
             self._q.put(self._pool.submit(self._fn, self._buf))

@@ -127,12 +127,6 @@ class IncidentEpisodes:
                 out.append(self._resolve(key, f"no finding for {ep.quiet_s:.0f}s", now))
         return out
 
-    def expire_all(self, now: float) -> list[Incident]:
-        out: list[Incident] = []
-        for host in sorted(self.by_host):
-            out.extend(self.expire(host, now))
-        return out
-
     def clear(self, host: str, now: float, reason: str, component: str | None = None,
               keep_modes: frozenset[str] = frozenset()) -> list[Incident]:
         """Resolve a host's (or one component's) open episodes: a reboot or reset cleared them."""

@@ -47,7 +47,7 @@ KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "fact": {"fact": ((str,), True), "attrs": ((dict,), False), "test": ((str,), False),
              "match": ((str,), False), "below_common": ((str,), False), "min_facts": ((int,), False),
              "count_gt": ((int,), False), "unless": ((str,), False)},
-    "xid_table": {"overrides": ((dict,), False), "cooccur_s": (NUM, False), "skip_modes": ((list,), False)},
+    "xid_table": {"overrides": ((dict,), False), "cooccur_s": (NUM, False)},
     "fleet_outlier": {"path": ((str,), True), "window_s": (NUM, True), "percentile": (NUM, False),
                       "factor": (NUM, True), "min_rate_per_hour": (NUM, True)},
     "staleness": {"intervals": (NUM, True), "min_s": (NUM, False)},

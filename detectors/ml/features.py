@@ -190,13 +190,6 @@ def _data_path(n: NvlinkCounters) -> list[int | None]:
     return [c if c is not None else (n.ecc_data[i] if i < len(n.ecc_data) else None) for i, c in enumerate(n.crc_data)]
 
 
-def _nvlink_counters(g: GpuSample) -> list[int | None]:
-    n = g.nvlink
-    if n is None:
-        return []
-    return [*n.crc_flit, *_data_path(n), *n.replay, *n.recovery]
-
-
 def _aer_totals(d: dict[str, int], total_key: str) -> int:
     return d[total_key] if total_key in d else sum(d.values())
 
