@@ -103,18 +103,6 @@ def test_cli_replay_json(rec: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert out["published"] == len(list(read_values(rec))) and out["invalid"] == 0
 
 
-def test_cli_score_without_scoring_says_so(rec: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        import detectors.scoring.scoring  # noqa: F401
-    except ImportError:
-        from fleetcli.cli import main
-
-        assert main(["replay", str(rec), "--score"]) == 2
-        assert "scoring not installed" in capsys.readouterr().err
-    else:
-        pytest.skip("detectors.scoring.scoring is installed; its own tests cover --score")
-
-
 def test_gz_and_plain_replay_the_same(rec: Path, tmp_path: Path) -> None:
     plain = tmp_path / "p.jsonl"
     plain.write_bytes(gzip.decompress(rec.read_bytes()))
