@@ -23,6 +23,7 @@ SUITE: list[tuple[str, dict, dict]] = [
     ("benchmarks.bench_remediation", {"n": 2000}, {"n": 300}),
     ("benchmarks.bench_kernel_reader", {}, {"n": 4000}),
     ("benchmarks.bench_startup", {}, {"repeat": 2}),
+    ("benchmarks.bench_memory", {"mb": 1000.0}, {"mb": 60.0}),
     ("benchmarks.bench_import", {}, {"hosts": 4, "hours": 1.0}),
 ]
 

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from fleethealth.errors import UserError
 from fleethealth.schema import Incident, to_builtins
 
@@ -225,7 +223,10 @@ class WebhookSink:
                  clock: Callable[[], float] = time.time) -> None:
         self.conn, self.url, self.timeout_s = conn, url, timeout_s
         self.attempts, self.backoff_s, self.sleep, self.clock = attempts, backoff_s, sleep, clock
+        import requests  # only where tickets are delivered: `tickets list` does not pay for it
+
         self.session = requests.Session()
+        self._request_error = requests.RequestException
 
     def pending(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
@@ -242,7 +243,7 @@ class WebhookSink:
             try:
                 r = self.session.post(self.url, data=payload, timeout=self.timeout_s, headers={
                     "Content-Type": "application/json", "Idempotency-Key": f"fleethealth-outbox-{seq}"})
-            except requests.RequestException as exc:
+            except self._request_error as exc:
                 err = f"{type(exc).__name__}: {exc}"
                 continue
             if 200 <= r.status_code < 300:

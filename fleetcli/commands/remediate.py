@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from fleethealth.bus import INCIDENTS
@@ -124,12 +125,22 @@ def _open_tickets(args: argparse.Namespace) -> Any:
 
     s = load_settings(load_config(args.config))
     _apply_tickets_spec(getattr(args, "tickets", None), s)
-    store = RemediationStore.open(args.state_db or s.remediation.db)
+    path = args.state_db or s.remediation.db
+    if args.tickets_cmd in ("list", "show") and path != ":memory:" and not Path(path).exists():
+        return None, path  # read-only: a state DB that is not there is not created (issue 18)
+    store = RemediationStore.open(path)
     return store, TicketStore(store.conn)
 
 
 def cmd_tickets(args: argparse.Namespace) -> int:
     store, tickets = _open_tickets(args)
+    if store is None:
+        if args.tickets_cmd == "show":
+            raise UserError(f"no ticket {args.id}: {tickets} does not exist (nothing was created)")
+        if not args.json:
+            print(f"{'ID':>5}  {'STATE':<10} {'PRIO':<7} {'HOST':<20} {'COMPONENT':<28} {'MODE':<22} N")
+        print(f"no state DB at {tickets}: no tickets (nothing was created)", file=sys.stderr)
+        return 0
     try:
         if args.tickets_cmd == "list":
             rows = tickets.list(state=args.state, host=args.host)

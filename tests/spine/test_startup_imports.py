@@ -44,7 +44,7 @@ def heavy_imports(args: list[str], tmp_path: Path) -> list[str]:
                          ids=lambda a: " ".join(a))
 def test_hand_run_commands_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     if args[:2] == ["tickets", "list"]:
-        args = [*args, "--state-db", str(tmp_path / "absent.db")]
+        args = ["tickets", "--state-db", str(tmp_path / "absent.db"), "list"]
     assert heavy_imports(args, tmp_path) == []
 
 
@@ -53,10 +53,15 @@ def test_diagnose_a_kernel_log_imports_nothing_heavy(tmp_path: Path) -> None:
     assert heavy_imports(["diagnose", str(FIXTURE)], tmp_path) == []
 
 
-def test_tickets_list_creates_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", [["list"], ["list", "--json"], ["show", "1"]], ids=" ".join)
+def test_tickets_read_only_creates_nothing(action: list[str], tmp_path: Path) -> None:
     db = tmp_path / "sub" / "tickets.db"
-    heavy_imports(["tickets", "list", "--state-db", str(db)], tmp_path)
-    assert not db.exists() and not db.parent.exists()
+    for args in (["tickets", "--state-db", str(db), *action], ["tickets", *action]):  # explicit, default path
+        out = subprocess.run([sys.executable, "-m", "fleetcli.cli", *args], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == (2 if action[0] == "show" else 0), out.stderr
+        assert "Traceback" not in out.stderr and "nothing was created" in out.stderr, out.stderr
+        assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"]], ids=lambda a: " ".join(a))
