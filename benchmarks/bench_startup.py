@@ -35,7 +35,7 @@ def rows(repeat: int = 5) -> list[Row]:
             ("fleethealth --help", [*cli, "--help"]),
             ("fleethealth --version", [*cli, "--version"]),
             ("fleethealth diagnose FILE", [*cli, "diagnose", str(FIXTURE)]),
-            ("fleethealth tickets list", [*cli, "tickets", "list", "--state-db", str(Path(d) / "none.db")]),
+            ("fleethealth tickets list", [*cli, "tickets", "--state-db", str(Path(d) / "none.db"), "list"]),
         ]
         return [Row("start-up", name, _wall(args, repeat), "s wall", f"best of {repeat}, fresh process")
                 for name, args in cases]
