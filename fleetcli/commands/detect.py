@@ -118,7 +118,12 @@ def cmd_detect(args: argparse.Namespace) -> int:
     from detectors.worker.worker import DetectWorker
     from fleethealth.config import load_config, open_bus
 
-    rules = RuleSet.load(sorted(Path(args.rules).glob("*.yaml")) if args.rules else None)
+    rule_files = sorted(Path(args.rules).glob("*.yaml")) if args.rules else None
+    if args.rules and not rule_files:
+        from fleethealth.errors import UserError
+
+        raise UserError(f"--rules {args.rules}: no *.yaml rule files there (it must be a folder of rule files)")
+    rules = RuleSet.load(rule_files)
     extra = []
     if args.with_models or args.models is not None:
         from detectors.registry import model_detectors

@@ -75,10 +75,12 @@ def test_bad_config_file_is_one_line(kind: str, tmp_path: Path) -> None:
     ["replay", "nope.jsonl.gz", "--report", "out"],
     ["replay", "nope.jsonl.gz", "--to", "jsonl:bus.jsonl"],
     ["detect", "--bus", "memory", "--models", "no-such-dir", "--exit-when-idle"],
+    ["detect", "--bus", "memory", "--rules", "no-such-dir", "--exit-when-idle"],
 ], ids=" ".join)
 def test_bad_path_is_one_line(args: list[str], tmp_path: Path) -> None:
     r = cli(args, tmp_path)
-    assert_user_error(r, "no")
+    named = next(a for a in args if a.startswith("no"))  # the message names the path the user gave
+    assert_user_error(r, "no", named)
     assert not (tmp_path / "out").exists()
 
 
