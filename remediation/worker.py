@@ -277,10 +277,14 @@ class RemediationWorker:
                                   details={"node": node},
                                   in_tx=lambda: self.store.enqueue(key, kind, inc.host, inc.cluster, payload,
                                                                    f"waiting for the drain of {node}", self.clock()))]
+            reason = (f"{action} not requested: {state} (drain {drain_st or 'not requested'}); a reset or "
+                      "reboot goes only to a node whose drain is in place")
+            # Re-evaluated on every update of the incident, recorded once per distinct refusal: the
+            # same refusal again (e.g. --scheduler none, drain skipped) is no new decision.
+            if self.store.effect(key) == ("refused", reason[:500]):
+                return []
             self.metrics.refusals.labels("not_drained").inc()
-            return [self.emit(inc, kind, target, "refused",
-                              f"{action} not requested: {state} (drain {drain_st or 'not requested'}); a reset or "
-                              "reboot goes only to a node whose drain is in place", key=key,
+            return [self.emit(inc, kind, target, "refused", reason, key=key,
                               details={"node": node, "guard": "not_drained"}, in_tx=done)]
         if self.dry_run:
             return [self.emit(inc, kind, target, "dry_run", f"would request {action} via the operator hook: {why}",

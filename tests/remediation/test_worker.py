@@ -93,6 +93,19 @@ def test_reset_request_without_a_drain_in_place_is_refused_and_the_hook_not_run(
     assert not out.exists()
 
 
+def test_reset_refused_for_the_same_reason_is_recorded_once_across_updates(tmp_path: Path) -> None:
+    # broker-restart drill: with --scheduler none every update of a reset incident re-audited the
+    # same refusal under the same idempotency key (4 rows for one key)
+    w = make_worker(tmp_path)
+    inc = incident(mode="gpu_row_remap_pending", severity="major")
+    assert kinds(w.handle(inc)) == [("drain", "skipped"), ("reset_gpu", "refused")]
+    for seq in (1, 2, 3):
+        upd = incident(mode="gpu_row_remap_pending", severity="major", id=inc.id, state="updated", update_seq=seq)
+        assert [k for k in kinds(w.handle(upd)) if k[0] in ("drain", "reset_gpu")] == []
+    rows = w.store.audit_rows(incident_id=inc.id, kind="reset_gpu")
+    assert len(rows) == 1 and rows[0]["outcome"] == "refused"
+
+
 def test_kill_switch_file_refuses_effects_but_records(tmp_path: Path) -> None:
     switch = tmp_path / "STOP"
     switch.touch()
