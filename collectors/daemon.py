@@ -138,6 +138,8 @@ class Collector:
                 self._kernel_error = f"cannot open {settings.kmsg_path}: {exc}"
         self._wake = threading.Event()
         self._stop_sender = threading.Event()
+        self._kick = threading.Event()  # set while draining / closing: cuts the retry backoff short
+        self._fails_in_a_row = 0  # sends that delivered nothing since the last one that did
         self._sender = threading.Thread(target=self._send_loop, name="collector-sender", daemon=True)
         self._sender.start()
 
@@ -383,9 +385,13 @@ class Collector:
             self._ack(n, from_spool)
             if n:
                 self.stats.samples_sent += n
+                self._fails_in_a_row = 0
                 backoff = 0.1
+            else:
+                self._fails_in_a_row += 1
             if n < len(batch):
-                self._stop_sender.wait(backoff)
+                if self._kick.wait(backoff):  # draining: retry soon, but not in a tight loop
+                    self._stop_sender.wait(min(backoff, 0.5))
                 backoff = min(backoff * 2, 5.0)
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -394,6 +400,26 @@ class Collector:
         while self.pending() and time.monotonic() < end:
             self._wake.set()
             time.sleep(0.02)
+        return self.pending() == 0
+
+    def drain(self, timeout: float = 60.0, give_up_after: int = 2) -> bool:
+        """Deliver what is spooled before stopping (SIGTERM): True once nothing is pending.
+
+        While the sink takes records -- or a send is still in flight (after a broker restart the
+        first batch can take many seconds) -- wait, up to ``timeout`` in all. Give up early only
+        when the sink is failing: ``give_up_after`` sends in a row during the drain delivered
+        nothing (the broker is down; the spool keeps the records for the next start). One failed
+        send is not enough: a batch handed to the producer before the broker came back can time
+        out while the next one goes through. Retry backoff is cut short meanwhile."""
+        end = time.monotonic() + timeout
+        self._fails_in_a_row = 0
+        self._kick.set()
+        try:
+            while self.pending() and time.monotonic() < end and self._fails_in_a_row < give_up_after:
+                self._wake.set()
+                time.sleep(0.02)
+        finally:
+            self._kick.clear()
         return self.pending() == 0
 
     # ------------------------------------------------------------------ loop
@@ -416,6 +442,7 @@ class Collector:
         for src in self.sources:
             getattr(src, "close", lambda: None)()
         self._stop_sender.set()
+        self._kick.set()
         self._wake.set()
         self._sender.join(5)
         self.spool.close()

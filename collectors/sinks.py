@@ -65,6 +65,7 @@ class KafkaSink:
                                      headers=[(HEADER, sign(key, k, v))] if key else None) for k, v in records]
             producer.flush(self.ack_timeout)
         except KafkaError as exc:
+            self.bus.reset_producer()
             raise BusError(f"Kafka send to {self.topic} failed: {exc}") from exc
         done = 0
         for f in futures:
@@ -73,6 +74,10 @@ class KafkaSink:
             except KafkaError:
                 break
             done += 1
+        if done < len(futures):
+            # the rest is re-sent from the spool; a fresh producer, because one that timed out
+            # across a broker restart can stay stuck (every later batch timed out with the broker up)
+            self.bus.reset_producer()
         return done
 
     def close(self) -> None:

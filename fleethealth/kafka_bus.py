@@ -97,6 +97,16 @@ class KafkaBus:
         except KafkaError as exc:
             raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
 
+    def reset_producer(self) -> None:
+        """Drop the producer (its unsent records fail); the next send makes a fresh one. After a
+        broker restart a producer can stay wedged (every send times out with the broker back up)."""
+        p, self._producer = self._producer, None
+        if p is not None:
+            try:
+                p.close(timeout=0)
+            except Exception:  # noqa: BLE001 - a wedged producer may fail to close; it is dropped either way
+                log.warning("Kafka producer close failed", exc_info=True)
+
     def flush(self, timeout: float | None = None) -> None:
         from kafka.errors import KafkaError
 

@@ -27,7 +27,8 @@ AER and link, InfiniBand/RoCE ports, EDAC) and the kernel log (Xid, fallen off t
 MCE lines), and publish one sample per poll to the sink. Samples are spooled on disk first and
 sent in order, so a Kafka outage loses nothing (up to --spool-max-mb). Prometheus metrics are
 served on --exporter-address:--exporter-port (127.0.0.1:9404 by default; 9400 is dcgm-exporter's).
-SIGTERM flushes the spool and saves the sequence number. A daemon needs an explicit --sink (or
+SIGTERM drains the spool (up to --drain-timeout while the sink takes records; a few seconds when
+it is down: the rest stays spooled for the next start) and saves the sequence number. A daemon needs an explicit --sink (or
 FLEETHEALTH_SINK): without one it refuses to start (exit 2) instead of writing JSON to stdout;
 --once alone prints to stdout. Exit 2 also for a taken exporter port.
 
@@ -50,6 +51,8 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--interval", type=float, default=10.0, help=f"seconds between polls (at least {MIN_INTERVAL:g})")
     flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
     flag(p, "--polls", type=int, default=0, help="stop after this many polls (0 = run until SIGTERM)")
+    flag(p, "--drain-timeout", type=float, default=60.0, metavar="S",
+         help="on stop, keep sending what is spooled for up to S seconds while the sink takes it")
     flag(p, "--host", default=socket.gethostname(), help="host name in samples (the Kafka key)")
     flag(p, "--cluster", default="default", help="cluster name in samples")
     flag(p, "--rack", default="", help="rack name in samples")
@@ -203,7 +206,7 @@ def run_collect(args: argparse.Namespace) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, old)
-        ok = collector.flush(30.0 if args.once else 10.0)
+        ok = collector.drain(timeout=args.drain_timeout)
         left = collector.pending()
         collector.close(flush_timeout=0)
         if server is not None:
