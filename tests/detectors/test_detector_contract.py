@@ -79,9 +79,9 @@ HARD = Path(__file__).resolve().parents[2] / "replay_data" / "hard-cases-24h.jso
 
 
 @functools.cache
-def _model_stream(n: int = 1500) -> tuple:
+def _model_stream(n: int = 2600) -> tuple:
     """The windowed models judge a component against its peers and a fleet, which a three-host
-    literal cannot show: they get the first samples of the shipped hard-cases set (faults included)."""
+    literal cannot show: they get the first 2,600 samples of the shipped hard-cases set (the peer detector's first finding comes at about 2,300)."""
     from fleethealth.bus import iter_jsonl
     from fleethealth.schema import decode_sample
 
