@@ -408,16 +408,28 @@ class Collector:
         While the sink takes records -- or a send is still in flight (after a broker restart the
         first batch can take many seconds) -- wait, up to ``timeout`` in all. Give up early only
         when the sink is failing: ``give_up_after`` sends in a row during the drain delivered
-        nothing (the broker is down; the spool keeps the records for the next start). One failed
+        nothing, or the sink says it cannot be reached for 2 s (the broker is down; the spool keeps
+        the records for the next start). One failed
         send is not enough: a batch handed to the producer before the broker came back can time
         out while the next one goes through. Retry backoff is cut short meanwhile."""
-        end = time.monotonic() + timeout
+        now = time.monotonic()
+        end, probe_at, down_since = now + timeout, now + 1.0, None
+        reachable = getattr(self.sink, "reachable", None)  # a sink that can tell (Kafka) is probed once a second
         self._fails_in_a_row = 0
         self._kick.set()
         try:
-            while self.pending() and time.monotonic() < end and self._fails_in_a_row < give_up_after:
+            while self.pending() and now < end and self._fails_in_a_row < give_up_after:
+                if reachable is not None and now >= probe_at:
+                    probe_at = now + 1.0
+                    if reachable():
+                        down_since = None
+                    elif down_since is None:
+                        down_since = now
+                    elif now - down_since >= 2.0:
+                        break  # unreachable for 2 s: the rest stays spooled
                 self._wake.set()
                 time.sleep(0.02)
+                now = time.monotonic()
         finally:
             self._kick.clear()
         return self.pending() == 0

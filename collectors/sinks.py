@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import IO, Any
 
@@ -79,6 +80,18 @@ class KafkaSink:
             # across a broker restart can stay stuck (every later batch timed out with the broker up)
             self.bus.reset_producer()
         return done
+
+    def reachable(self, timeout: float = 1.0) -> bool:
+        """Whether a TCP connection to some bootstrap address opens: the stop drain waits on a
+        reachable broker and gives up quickly on one that is down."""
+        for addr in self.bus.bootstrap.split(","):
+            host, _, port = addr.strip().rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout):
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
 
     def close(self) -> None:
         try:
