@@ -287,11 +287,20 @@ class Collector:
         pcis = nvidia_gpu_functions(self.s.sysfs_root, ReadStats())
         if not pcis:
             return
-        listed = {g.pci_bus_id for g in sample.gpus if g.pci_bus_id}
         known = {pci: (uuid, name) for uuid, (pci, name) in self.nvml._known.items()} if self.nvml else {}
+        by_uuid = {uuid: pci for pci, (uuid, _) in known.items()}
+        # NVML spells the domain with 8 digits (00000000:3b:00.0), sysfs with 4; a lost GPU NVML
+        # still lists may carry no PCI id but its UUID: it is listed, not missing
+        listed = {_pci_key(g.pci_bus_id or by_uuid.get(g.uuid, "")) for g in sample.gpus} - {""}
         index = max((g.index for g in sample.gpus), default=-1) + 1
-        for pci in pcis:
-            if pci in listed or len(sample.gpus) >= 64:
+        missing = [pci for pci in pcis if _pci_key(pci) not in listed]
+        # NVML entries it could not identify (a GPU lost before its first read has no PCI id and no
+        # UUID) may be those very functions: only a surplus of sysfs functions is missing from NVML
+        unidentified = sum(1 for g in sample.gpus if not (g.pci_bus_id or by_uuid.get(g.uuid, "")))
+        if len(missing) <= unidentified:
+            return
+        for pci in missing:
+            if len(sample.gpus) >= 64:
                 continue
             uuid, name = known.get(pci, ("", ""))
             sample.gpus.append(GpuSample(index=index, uuid=uuid, pci_bus_id=pci, name=name, present=False,
@@ -466,3 +475,15 @@ class Collector:
             self.sink.close()
         except Exception:  # noqa: BLE001 - closing must not hide the exit status
             log.warning("sink close failed", exc_info=True)
+
+
+def _pci_key(addr: str) -> str:
+    """``bus:device.function`` with the domain as a number: NVML's and sysfs's spellings compare equal."""
+    a = addr.strip().lower()
+    if a.count(":") == 2:
+        dom, rest = a.split(":", 1)
+        try:
+            return f"{int(dom, 16):x}:{rest}"
+        except ValueError:
+            return a
+    return a
