@@ -161,7 +161,7 @@ kafka_start() {
     local cid
     cid="$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
     java "${java_opts[@]}" -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool format \
-      --config "$d/server.properties" --cluster-id "$cid" --ignore-formatted >"$d/format.log" 2>&1 ||
+      --config "$d/server.properties" --cluster-id="$cid" --ignore-formatted >"$d/format.log" 2>&1 ||
       { cat "$d/format.log" >&2; die "kafka: storage format failed"; }
     log "kafka: formatted $d/data (cluster id $cid)"
   fi

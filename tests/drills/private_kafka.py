@@ -109,7 +109,7 @@ class PrivateKafka:
             cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             scram = [a for u, pw in self.users.items() for a in ("--add-scram", f"{SCRAM}=[name={u},password={pw}]")]
             out = subprocess.run(self._java("kafka.tools.StorageTool", "format", "--config", str(conf),
-                                            "--cluster-id", cid, "--ignore-formatted", *scram),
+                                            f"--cluster-id={cid}", "--ignore-formatted", *scram),  # an id may start with "-"
                                  capture_output=True, text=True, timeout=120)
             if out.returncode != 0:
                 raise RuntimeError(f"kafka storage format failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
