@@ -46,39 +46,38 @@ class KafkaSink:
     ``fh-sig`` header, so the detect worker can tell it came from this host (fleethealth.identity)."""
 
     def __init__(self, bootstrap: str, topic: str = TELEMETRY, *, ack_timeout: float = 20.0,
-                 identity_key: bytes | None = None, client_id: str = "fleethealth-collector", **kw: Any) -> None:
-        from fleethealth.kafka_bus import KafkaBus
+                 identity_key: bytes | None = None, client_id: str = "fleethealth-collector",
+                 client: str | None = None, **kw: Any) -> None:
+        from fleethealth.config import kafka_bus
 
-        self.bus = KafkaBus(bootstrap, client_id=client_id, request_timeout_ms=10000, max_block_ms=5000, **kw)
+        self.bus = kafka_bus(bootstrap, client, client_id=client_id, request_timeout_ms=10000, max_block_ms=5000, **kw)
         self.topic = topic
         self.ack_timeout = ack_timeout
         self.identity_key = identity_key
 
     def send_batch(self, records: list[tuple[str, bytes]]) -> int:
-        from kafka.errors import KafkaError
-
         from fleethealth.identity import HEADER, sign
 
         key = self.identity_key
+        acks = []
+        err: BusError | None = None
         try:
-            producer = self.bus.producer
-            futures = [producer.send(self.topic, key=k.encode(), value=v,
-                                     headers=[(HEADER, sign(key, k, v))] if key else None) for k, v in records]
-            producer.flush(self.ack_timeout)
-        except KafkaError as exc:
-            self.bus.reset_producer()
-            raise BusError(f"Kafka send to {self.topic} failed: {exc}") from exc
+            for k, v in records:
+                acks.append(self.bus.publish(self.topic, k, v, ((HEADER, sign(key, k, v)),) if key else ()))
+            self.bus.flush(self.ack_timeout)
+        except BusError as exc:
+            err = exc
         done = 0
-        for f in futures:
-            try:
-                f.get(0.01 if f.is_done else self.ack_timeout)
-            except KafkaError:
+        for a in acks:  # the acknowledged prefix: a record after a failed one is re-sent from the spool
+            if not (a.is_done and a.succeeded()):
                 break
             done += 1
-        if done < len(futures):
+        if done < len(records):
             # the rest is re-sent from the spool; a fresh producer, because one that timed out
             # across a broker restart can stay stuck (every later batch timed out with the broker up)
             self.bus.reset_producer()
+            if err is not None and not done:
+                raise err
         return done
 
     def reachable(self, timeout: float = 1.0) -> bool:

@@ -15,6 +15,16 @@ class EnvValueError(ValueError):
     and exits 2, before any command runs: ``--version`` and ``--help`` included)."""
 
 
+KAFKA_CLIENTS = ("confluent", "kafka-python")  # fleethealth.config.kafka_client chooses among them
+
+
+def kafka_client_flag(parser: argparse.ArgumentParser | Any) -> argparse.Action:
+    """``--kafka-client`` (env FLEETHEALTH_KAFKA_CLIENT) for the commands that talk to Kafka."""
+    return flag(parser, "--kafka-client", choices=KAFKA_CLIENTS, default=None,
+                help="Kafka client library: confluent (librdkafka; the default) or kafka-python (pure "
+                     "Python); else [kafka].client of the config (docs/scaling.md has the figures)")
+
+
 def env_name(flag: str) -> str:
     return "FLEETHEALTH_" + flag.lstrip("-").upper().replace("-", "_")
 

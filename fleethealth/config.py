@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from fleethealth.bus import Bus, InProcessBus, JsonlBus
+from fleethealth.cliutil import KAFKA_CLIENTS
 
 T = TypeVar("T")
 KNOWN_SECTIONS = frozenset({
@@ -85,6 +86,30 @@ class KafkaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     client_id: str = "fleethealth"
     compression: str | None = "auto"  # lz4 when installed, else gzip; "none" or null for none
     security: dict[str, Any] = {}
+    client: str = ""  # kafka-python | confluent; empty: --kafka-client / FLEETHEALTH_KAFKA_CLIENT / the default
+
+
+DEFAULT_KAFKA_CLIENT = "kafka-python"  # by the figures in docs/scaling.md (benchmarks/bench_kafka_capacity.py)
+
+
+def kafka_client(name: str | None, cfg: Config | None = None) -> str:
+    """The Kafka client to use: ``name`` (the --kafka-client flag, which carries its env var), else
+    ``[kafka].client``, else the default."""
+    chosen = name or section(cfg or Config({}, None), "kafka", KafkaSettings).client or DEFAULT_KAFKA_CLIENT
+    if chosen not in KAFKA_CLIENTS:
+        raise ConfigError(f"Kafka client {chosen!r}: use one of {', '.join(KAFKA_CLIENTS)}")
+    return chosen
+
+
+def kafka_bus(bootstrap: str, client: str | None = None, cfg: Config | None = None, **kw: Any) -> Any:
+    """A Kafka bus over the chosen client (:func:`kafka_client`); ``kw`` as KafkaBus takes them."""
+    if kafka_client(client, cfg) == "confluent":
+        from fleethealth.kafka_confluent import ConfluentBus
+
+        return ConfluentBus(bootstrap, **kw)
+    from fleethealth.kafka_bus import KafkaBus
+
+    return KafkaBus(bootstrap, **kw)
 
 
 def kafka_settings(cfg: Config | None = None) -> KafkaSettings:
@@ -95,8 +120,9 @@ def kafka_settings(cfg: Config | None = None) -> KafkaSettings:
     return s
 
 
-def open_bus(spec: str, cfg: Config | None = None) -> Bus:
-    """``memory`` | ``jsonl:PATH`` | ``kafka`` | ``kafka:HOST:PORT[,HOST:PORT]``."""
+def open_bus(spec: str, cfg: Config | None = None, client: str | None = None) -> Bus:
+    """``memory`` | ``jsonl:PATH`` | ``kafka`` | ``kafka:HOST:PORT[,HOST:PORT]`` (over ``client``,
+    see :func:`kafka_client`)."""
     if spec in ("memory", "inprocess", "embedded"):
         return InProcessBus()
     if spec.startswith("jsonl:"):
@@ -105,9 +131,9 @@ def open_bus(spec: str, cfg: Config | None = None) -> Bus:
             raise ConfigError("bus spec 'jsonl:' needs a path, e.g. jsonl:out/telemetry.jsonl")
         return JsonlBus(Path(path))
     if spec == "kafka" or spec.startswith("kafka:"):
-        from fleethealth.kafka_bus import KafkaBus
-
         ks = kafka_settings(cfg)
         bootstrap = spec[len("kafka:") :] if spec.startswith("kafka:") else ks.bootstrap
-        return KafkaBus(bootstrap, client_id=ks.client_id, compression=ks.compression, security=ks.security)
+        bus: Bus = kafka_bus(bootstrap, client, cfg, client_id=ks.client_id, compression=ks.compression,
+                             security=ks.security)
+        return bus
     raise ConfigError(f"unknown bus {spec!r}: use memory, jsonl:PATH or kafka[:HOST:PORT]")

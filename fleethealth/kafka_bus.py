@@ -40,6 +40,8 @@ def _security(extra: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class KafkaBus:
+    client = "kafka-python"
+
     def __init__(
         self,
         bootstrap: str = "127.0.0.1:9092",
@@ -316,6 +318,23 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8) ->
                 admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass
+    finally:
+        admin.close()
+
+
+def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
+    """Delete topics (those that do not exist are ignored): benchmarks and tests clean up after themselves."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","), client_id="fleethealth-admin")
+    try:
+        gone = set(topics) & set(admin.list_topics())
+        if gone:
+            try:
+                admin.delete_topics(sorted(gone))
+            except KafkaError as exc:
+                log.warning("could not delete topics %s: %s", sorted(gone), exc)
     finally:
         admin.close()
 

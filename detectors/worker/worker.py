@@ -111,6 +111,8 @@ class DetectWorker:
     doubling up to ``max_retry_s``).
     """
 
+    JOIN_GRACE_S = 60.0  # run(max_idle_polls): empty polls before the first assignment are not idle, this long
+
     def __init__(self, bus: Bus, engine: DetectorEngine | None = None, *, group: str = "fleethealth-detect",
                  topic: str = TELEMETRY, incidents_topic: str = INCIDENTS, deadletter_topic: str = DEADLETTER,
                  max_records: int = 2000, poll_timeout: float = 0.5, metrics: Any = None,
@@ -469,6 +471,8 @@ class DetectWorker:
     def run(self, max_idle_polls: int | None = None) -> WorkerStats:
         """Loop until stop() (or, with ``max_idle_polls``, until that many empty polls in a row)."""
         idle = 0
+        started = self.monotonic()
+        consumer = self.consumer
         while not self._stop:
             try:
                 n = self.run_once()
@@ -476,6 +480,9 @@ class DetectWorker:
                 log.error("bus error, retrying in 1 s: %s", exc)
                 self.sleep(1.0)
                 continue
+            if (not n and isinstance(consumer, RebalancingConsumer) and not consumer.assigned()
+                    and self.monotonic() - started < self.JOIN_GRACE_S):
+                continue  # still joining the group (librdkafka's poll returns on time meanwhile): not idle
             idle = 0 if n else idle + 1
             if max_idle_polls is not None and idle >= max_idle_polls:
                 break

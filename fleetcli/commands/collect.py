@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fleethealth.cliutil import flag
+from fleethealth.cliutil import flag, kafka_client_flag
 from fleethealth.errors import ServiceUnavailable, UserError
 
 log = logging.getLogger("fleethealth.collect")
@@ -47,6 +47,7 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
          "Kafka: with the config's [kafka] bootstrap, client_id, compression and security (SASL/TLS) settings)")
     flag(p, "--identity-key", metavar="FILE", help="this host's key (fleethealth identity-key HOST, hex, mode 600): "
          "every Kafka record is signed with it, for detect --identity-secret")
+    kafka_client_flag(p)
     flag(p, "--topic", default="fleet.telemetry.v1", help="Kafka / JSONL topic for samples")
     flag(p, "--interval", type=float, default=10.0, help=f"seconds between polls (at least {MIN_INTERVAL:g})")
     flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
@@ -83,7 +84,8 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     p.set_defaults(func=run_collect)
 
 
-def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | None = None) -> Any:
+def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | None = None,
+          kafka_client: str | None = None) -> Any:
     from collectors.sinks import JsonlSink, KafkaSink, StdoutSink
 
     if identity_key and not (spec == "kafka" or spec.startswith("kafka:")):
@@ -96,14 +98,16 @@ def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | 
             raise UserError("--sink jsonl: needs a path, e.g. jsonl:out/telemetry.jsonl")
         return JsonlSink(spec[6:], topic)
     if spec == "kafka" or spec.startswith("kafka:"):
+        from fleethealth.config import kafka_client as choose_client
         from fleethealth.config import kafka_settings, load_config
         from fleethealth.identity import read_key_file
 
-        ks = kafka_settings(load_config(config))
+        cfg = load_config(config)
+        ks = kafka_settings(cfg)
         bootstrap = spec[6:] if spec.startswith("kafka:") else ks.bootstrap
         key = read_key_file(identity_key, "--identity-key") if identity_key else None
         return KafkaSink(bootstrap, topic, identity_key=key, security=ks.security, compression=ks.compression,
-                         client_id=f"{ks.client_id}-collector")
+                         client_id=f"{ks.client_id}-collector", client=choose_client(kafka_client, cfg))
     raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
 
 
@@ -176,7 +180,7 @@ def run_collect(args: argparse.Namespace) -> int:
     scrapers = [PromScrapeSource(kind, url, timeout=args.scrape_timeout, state_dir=settings.state_dir)
                 for kind, url in specs]
     try:
-        sink = _sink(sink_spec, args.topic, getattr(args, "config", None), args.identity_key)
+        sink = _sink(sink_spec, args.topic, getattr(args, "config", None), args.identity_key, args.kafka_client)
     except BaseException:
         if server is not None:
             server.shutdown()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY
-from fleethealth.cliutil import flag
+from fleethealth.cliutil import flag, kafka_client_flag
 
 log = logging.getLogger("fleethealth.detect")
 
@@ -42,6 +42,7 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     p = sub.add_parser("detect", help="the streaming detectors (a Kafka consumer group)", description=DETECT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--bus", default="kafka", help="memory | jsonl:PATH | kafka[:HOST:PORT]")
+    kafka_client_flag(p)
     flag(p, "--group", default="fleethealth-detect", help="consumer group name (workers of one group share partitions)")
     flag(p, "--topic", default=TELEMETRY, env="FLEETHEALTH_DETECT_TOPIC", help="telemetry topic to consume")
     flag(p, "--incidents-topic", default=INCIDENTS, env="FLEETHEALTH_DETECT_INCIDENTS_TOPIC",
@@ -131,9 +132,9 @@ def cmd_detect(args: argparse.Namespace) -> int:
         extra = model_detectors(args.models)
     engine = DetectorEngine(rules, extra)
     cfg = load_config(getattr(args, "config", None))
-    bus = open_bus(args.bus, cfg)
+    bus = open_bus(args.bus, cfg, args.kafka_client)
     if args.bus.startswith("kafka"):
-        # KafkaBus.consumer takes auto_offset_reset; the worker asks through this adapter
+        # both Kafka buses' consumer() take auto_offset_reset and kafka-python-named options; the worker asks through this adapter
         kw: dict[str, Any] = {"auto_offset_reset": "earliest" if args.from_beginning else "latest"}
         if args.session_timeout_ms:
             kw["session_timeout_ms"] = args.session_timeout_ms

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fleethealth.bus import INCIDENTS
-from fleethealth.cliutil import flag
+from fleethealth.cliutil import flag, kafka_client_flag
 from fleethealth.config import load_config, open_bus
 from fleethealth.errors import UserError
 
@@ -96,7 +96,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
     metrics = RemediationMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_addr)
-    bus = open_bus(args.bus, cfg)
+    bus = open_bus(args.bus, cfg, args.kafka_client)
     worker = RemediationWorker(s, bus=bus, store=store, scheduler=scheduler, policy=policy, ticket_sink=sink,
                                metrics=metrics)
     stop = threading.Event()
@@ -172,6 +172,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("remediate", help="act on incidents: drain, reset/reboot requests, repair tickets",
                        description=REMEDIATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--bus", default="memory", help="memory | jsonl:PATH | kafka[:HOST:PORT]")
+    kafka_client_flag(p)
     flag(p, "--topic", default=INCIDENTS, env="FLEETHEALTH_REMEDIATE_TOPIC", help="incident topic to consume")
     flag(p, "--group", default=None, env="FLEETHEALTH_REMEDIATE_GROUP",
          help="consumer group (default from [remediation].group: fleethealth-remediation)")

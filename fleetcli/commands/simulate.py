@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fleethealth.bus import TELEMETRY
-from fleethealth.cliutil import flag
+from fleethealth.cliutil import flag, kafka_client_flag
 from fleethealth.errors import UserError
 
 # the simulator's scenarios (plan.SCENARIOS; a literal here keeps --help free of numpy imports)
@@ -71,6 +71,7 @@ def register(sub: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("path", metavar="PATH", help="recording (.jsonl or .jsonl.gz)")
     flag(r, "--to", default="memory", help="bus: memory | jsonl:PATH | kafka[:HOST:PORT]")
+    kafka_client_flag(r)
     flag(r, "--topic", default=TELEMETRY, help="topic to publish to")
     flag(r, "--speed", type=float, default=0.0, help="0 = full speed; X = X times real time")
     flag(r, "--limit", type=int, default=None, help="stop after N samples")
@@ -167,7 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from fleethealth.config import load_config, open_bus
     from simulator.replay import replay_file
 
-    bus = open_bus(args.to, load_config(getattr(args, "config", None)))
+    bus = open_bus(args.to, load_config(getattr(args, "config", None)), args.kafka_client)
     try:
         with _bar(None, args.quiet, "samples") as bar:
             st = replay_file(path, bus, topic=args.topic, speed=args.speed, limit=args.limit, progress=bar.update)

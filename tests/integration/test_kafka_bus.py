@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fleethealth.config import kafka_bus
 from fleethealth.deadletter import decode_batch
 from fleethealth.kafka_bus import KafkaBus, ensure_topics
 from fleethealth.schema import DEADLETTER as DL_CODEC
@@ -22,18 +23,25 @@ pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(params=["kafka-python", "confluent"])
+def client(request):
+    """Both Kafka clients behind the one Bus protocol, on the real broker."""
+    return request.param
+
+
 def _topic(kafka_bootstrap: str, name: str) -> str:
     topic = f"test.{uuid.uuid4().hex[:10]}.{name}"
     ensure_topics(kafka_bootstrap, [topic], partitions=8)
     return topic
 
 
-def _consume_all(bus: KafkaBus, topic: str, group: str, expect: int, deadline_s: float = 90.0) -> list:
+def _consume_all(bus: KafkaBus, topic: str, group: str, expect: int, deadline_s: float = 90.0,
+                 until=None) -> list:
     c = bus.consumer([topic], group)
-    out = []
+    out: list = []
     end = time.monotonic() + deadline_s
     try:
-        while len(out) < expect and time.monotonic() < end:
+        while len(out) < expect and time.monotonic() < end and not (until and until(out)):
             batch = c.poll(timeout=1.0, max_records=1000)
             out.extend(batch)
             if batch:
@@ -43,9 +51,9 @@ def _consume_all(bus: KafkaBus, topic: str, group: str, expect: int, deadline_s:
     return out
 
 
-def test_10k_samples_from_100_hosts_round_trip_in_per_host_order(kafka_bootstrap):
+def test_10k_samples_from_100_hosts_round_trip_in_per_host_order(kafka_bootstrap, client):
     topic = _topic(kafka_bootstrap, "telemetry")
-    bus = KafkaBus(kafka_bootstrap)
+    bus = kafka_bus(kafka_bootstrap, client)
     template = {h: sample(host=f"gpu-node-{h:03d}", gpus=2) for h in range(100)}
     import msgspec
 
@@ -69,10 +77,10 @@ def test_10k_samples_from_100_hosts_round_trip_in_per_host_order(kafka_bootstrap
     assert len({p for ps in partitions.values() for p in ps}) == 8
 
 
-def test_killed_consumer_is_resumed_by_the_group_without_loss(kafka_bootstrap, tmp_path):
+def test_killed_consumer_is_resumed_by_the_group_without_loss(kafka_bootstrap, tmp_path, client):
     topic = _topic(kafka_bootstrap, "telemetry")
     group = f"g-{uuid.uuid4().hex[:6]}"
-    bus = KafkaBus(kafka_bootstrap)
+    bus = kafka_bus(kafka_bootstrap, client)
     n_hosts, per_host = 20, 150
     for seq in range(per_host):
         for h in range(n_hosts):
@@ -81,7 +89,7 @@ def test_killed_consumer_is_resumed_by_the_group_without_loss(kafka_bootstrap, t
     out = tmp_path / "seen.txt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-m", "tests.integration.kafka_child_consumer", kafka_bootstrap,
-                              topic, group, str(out)], cwd=REPO, env=env)
+                              topic, group, str(out), client], cwd=REPO, env=env)
     try:
         end = time.monotonic() + 60
         while time.monotonic() < end and (not out.exists() or len(out.read_text().splitlines()) < 500):
@@ -94,9 +102,13 @@ def test_killed_consumer_is_resumed_by_the_group_without_loss(kafka_bootstrap, t
     first = out.read_text().splitlines()
     assert 0 < len(first) < n_hosts * per_host, "the child must die mid-stream"
     total = n_hosts * per_host
-    rest = _consume_all(bus, topic, group, total - len(first) + 1, deadline_s=60)
-    bus.close()
     seen = {tuple(line.split()) for line in first}
+
+    def complete(recs: list) -> bool:  # stop as soon as nothing is missing (duplicates may not come)
+        return len(seen | {(s.host, str(s.seq)) for s in map(decode_sample, (r.value for r in recs))}) == total
+
+    rest = _consume_all(bus, topic, group, total - len(first) + 1, deadline_s=60, until=complete)
+    bus.close()
     seen |= {(s.host, str(s.seq)) for s in (decode_sample(r.value) for r in rest)}
     assert len(seen) == total, f"lost {total - len(seen)} messages"
     # at-least-once: only the batch in flight at the kill may be seen twice
@@ -104,10 +116,10 @@ def test_killed_consumer_is_resumed_by_the_group_without_loss(kafka_bootstrap, t
     assert 0 <= dupes <= 50 * n_hosts
 
 
-def test_kafka_consumer_dead_letters_bad_messages_and_carries_on(kafka_bootstrap):
+def test_kafka_consumer_dead_letters_bad_messages_and_carries_on(kafka_bootstrap, client):
     topic = _topic(kafka_bootstrap, "telemetry")
     dl_topic = _topic(kafka_bootstrap, "deadletter")
-    bus = KafkaBus(kafka_bootstrap)
+    bus = kafka_bus(kafka_bootstrap, client)
     payloads = [encode(sample(host="h1", seq=1, gpus=1)), b"\xff\xfe not json", b'{"v":7,"host":"h1"}',
                 b'{"v":1,"host":"h1","ts":1,"seq":"x","collector_version":"a"}', encode(sample(host="h1", seq=2, gpus=1))]
     for p in payloads:
@@ -125,3 +137,79 @@ def test_kafka_consumer_dead_letters_bad_messages_and_carries_on(kafka_bootstrap
     assert any("unsupported schema version 7" in r for r in reasons)
     assert any("$.seq" in r for r in reasons)
     assert all(dl.source_topic == topic and dl.offset is not None for dl in letters)
+
+
+def _join(c, max_records: int, deadline_s: float = 30.0) -> list:
+    """Poll until the group assigned partitions; the records that came with the assignment."""
+    got: list = []
+    end = time.monotonic() + deadline_s
+    while not c.assigned() and time.monotonic() < end:
+        got += c.poll(timeout=0.5, max_records=max_records)
+    assert c.assigned(), "no partition assigned"
+    return got
+
+
+def test_headers_acks_commit_resume_rebalance_events_highwater_and_history(kafka_bootstrap, client):
+    """What the detect worker relies on from either Kafka client (fleethealth.bus.RebalancingConsumer)."""
+    from fleethealth.bus import PublishAck, RebalancingConsumer
+    from fleethealth.identity import HEADER
+
+    topic = f"test.{uuid.uuid4().hex[:10]}.proto"
+    ensure_topics(kafka_bootstrap, [topic], partitions=2)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    bus = kafka_bus(kafka_bootstrap, client)
+    acks = [bus.publish(topic, f"h{i % 4}", f"v{i}".encode(), ((HEADER, b"sig-%d" % i),)) for i in range(40)]
+    bus.flush(30)
+    assert all(isinstance(a, PublishAck) and a.is_done and a.succeeded() for a in acks)
+
+    c = bus.consumer([topic], group)
+    assert isinstance(c, RebalancingConsumer)
+    got = _join(c, 5)
+    events = c.assignment_changes()
+    assert ("assigned", frozenset({(topic, 0), (topic, 1)})) in events
+    assert c.assignment_changes() == []  # drained
+    end = time.monotonic() + 30
+    while len(got) < 25 and time.monotonic() < end:
+        got += c.poll(timeout=0.5, max_records=25 - len(got))
+    assert len(got) == 25
+    by_value = {r.value: r for r in got}
+    r = by_value[b"v5"]
+    assert r.key == "h1" and r.headers == ((HEADER, b"sig-5"),) and r.ts is not None and r.ts > 1e9
+    c.commit()
+    seen = {r.value for r in got}
+    committed = c.committed([(topic, 0), (topic, 1)])
+    per_tp = {tp: sum(1 for r in got if (r.topic, r.partition) == tp) for tp in committed}
+    assert committed == {tp: (n or None) for tp, n in per_tp.items()}
+    ends = {}
+    for tp in committed:
+        hw = c.highwater(tp)
+        assert hw is not None and hw >= (committed[tp] or 0)
+        ends[tp] = hw
+    assert sum(ends.values()) == 40
+    c.close()  # nothing after the commit is committed: a new member resumes there
+
+    c2 = bus.consumer([topic], group)
+    rest = _join(c2, 100)
+    end = time.monotonic() + 30
+    while len(rest) < 15 and time.monotonic() < end:
+        rest += c2.poll(timeout=0.5, max_records=100)
+    assert len(rest) == 15 and seen.isdisjoint(r.value for r in rest)
+    # history: the records before the committed offsets (window by record time), in offset order
+    hist = list(c2.history({tp: off for tp, off in committed.items() if off}, window_s=3600))
+    assert sorted(r.value for r in hist) == sorted(seen)
+    for tp in committed:
+        offs = [r.offset for r in hist if (r.topic, r.partition) == tp]
+        assert offs == sorted(offs) == list(range(len(offs)))
+    assert all(r.headers for r in hist)
+    # a second member joins: this one sees its partitions revoked, then its share assigned
+    c3 = bus.consumer([topic], group)
+    end = time.monotonic() + 45
+    while time.monotonic() < end and (not c3.assigned() or len(c2.assigned()) != 1):
+        c2.poll(timeout=0.2)
+        c3.poll(timeout=0.2)
+    kinds = [k for k, _ in c2.assignment_changes()]
+    assert "revoked" in kinds and kinds[-1] == "assigned"
+    assert len(c2.assigned()) == 1 and len(c3.assigned()) == 1 and c2.assigned() != c3.assigned()
+    for x in (c2, c3):
+        x.close()
+    bus.close()
