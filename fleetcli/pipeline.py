@@ -16,14 +16,13 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleetcli.fleet_exporter import FleetSampleExporter
 from fleetcli.fleet_metrics import CountingBus, FleetState, FleetStateCollector
-from fleetcli.run_report import RunSummary, write_report
 from fleethealth.bus import ACTIONS, DEADLETTER, INCIDENTS, TELEMETRY, InProcessBus
 from fleethealth.cliutil import flag
 from fleethealth.errors import UserError
@@ -59,6 +58,23 @@ class RunOptions:
     with_models: bool = False  # also run the ML detectors (detectors/models)
     models: Path | None = None  # --models DIR: load the models from DIR (implies with_models)
     config: str | None = None  # --config: [guards], policy and hooks of the (dry-run) remediation
+    command: str = "run"  # how the report names what wrote it ("run", "demo")
+
+
+@dataclass
+class RunSummary:
+    source: str
+    hosts: int
+    samples: int
+    wall_s: float
+    stream_span_s: float
+    incidents: Sequence[Incident] = ()
+    actions: Sequence[ActionRecord] = ()
+    host_states: Mapping[str, str] = field(default_factory=dict)
+    dead_letters: int = 0
+    scorecard: Mapping[str, Any] | None = None  # the public scorecard, with ground truth
+    scorecard_text: str = ""
+    dry_run: bool = True
 
 
 @dataclass
@@ -80,6 +96,8 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
     """Run the pipeline to the end of the input. ``ready`` (a threading.Event) is set once the exporters
     listen; ``on_finished(result)`` is called when the input is done, before ``keep_serving``, which
     ``stop`` (an Event) cuts short."""
+    from detectors.scoring.report import ReportData, write_report
+    from detectors.scoring.scoring import public
     from fleetcli import run_parts
 
     if bool(opts.replay) == bool(opts.simulate):
@@ -150,18 +168,23 @@ def run(opts: RunOptions, *, ready: Any = None, on_finished: Any = None, stop: A
         bar.close()
         wall = time.monotonic() - t0
 
-        card, card_text = (None, "")
-        if opts.score:
-            card, card_text = run_parts.score(source, incidents, host_ts)
+        card: dict[str, Any] | None = None
+        card_text, faults = "", list[Any]()
+        if opts.score or opts.report:  # the report carries the scorecard whenever there is ground truth
+            card, card_text, faults = run_parts.score(source, incidents, host_ts)
         summary = RunSummary(
             source=source.describe, hosts=len(state.hosts), samples=n, wall_s=round(wall, 3),
             stream_span_s=round((last_ts or 0) - (first_ts or 0), 3), incidents=incidents, actions=actions,
             host_states=state.host_states(), dead_letters=bus.counts().get(DEADLETTER, 0),
-            scorecard=card, scorecard_text=card_text, dry_run=True,
-            plots=run_parts.score_plots(source, incidents, host_ts) if opts.score and opts.report else ())
+            scorecard=public(card) if opts.score and card is not None else None,
+            scorecard_text=card_text if opts.score else "", dry_run=True)
         result = RunResult(summary, incidents=incidents, actions=actions)
         if opts.report:
-            result.report_path = write_report(summary, opts.report)
+            result.report_path = write_report(ReportData(
+                command=opts.command, source=source.describe, samples=n, hosts=len(state.hosts),
+                first_ts=first_ts or 0.0, last_ts=last_ts or 0.0, incidents=incidents, card=card, faults=faults,
+                actions=actions, host_states=summary.host_states, dead_letters=summary.dead_letters,
+                wall_s=wall), opts.report)
         if on_finished is not None:
             on_finished(result)
         if opts.keep_serving > 0 and servers:
@@ -263,16 +286,15 @@ def _opts(args: argparse.Namespace, **over: Any) -> RunOptions:
 
 def _print_result(res: RunResult) -> None:
     s = res.summary
-    would = sum(1 for a in res.actions if a.kind == "drain" and a.outcome == "dry_run" and "step" not in a.details)
-    held = len({a.id for a in res.actions if a.kind == "drain" and a.outcome == "queued"})
+    from detectors.scoring.report import drain_counts
+
+    would, held = drain_counts(res.actions)
     print(f"fleethealth run: {s.samples} samples from {s.hosts} hosts in {s.wall_s:.1f} s "
           f"({s.stream_span_s:.0f} s of fleet time); {len({i.id for i in res.incidents})} incident episodes, "
           f"{len(res.actions)} actions (dry-run: nothing drained; would drain {would}, {held} drains queued "
           f"behind a guard), {s.dead_letters} dead letters")
     if s.scorecard_text:
         print(s.scorecard_text)
-    elif s.scorecard is None and res.summary.source:
-        pass
     if res.report_path:
         print(f"report: {res.report_path}")
 
@@ -294,7 +316,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if not args.dataset.exists():
         raise UserError(f"{args.dataset}: demo dataset not found (replay_data/ ships it)")
     _quiet_per_action_logs()
-    res = run(_opts(args, replay=args.dataset, score=True, report=args.report, ports_optional=True))
+    res = run(_opts(args, replay=args.dataset, score=True, report=args.report, ports_optional=True,
+                         command="demo"))
     _print_result(res)
     prov = REPO / "deploy" / "grafana" / "provisioning"
     print(f"Grafana: provision {prov}/datasources and {prov}/dashboards (dashboards in {REPO / 'dashboards/json'}),"

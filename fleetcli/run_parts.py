@@ -319,22 +319,15 @@ def serve_cached(collectors: Iterable[Any], port: int, addr: str = "127.0.0.1", 
 # --------------------------------------------------------------------------- scoring
 
 
-def score(source: Source, incidents: list[Incident], host_ts: dict[str, list[float]]) -> tuple[dict[str, Any] | None, str]:
-    """The scorecard, from the detector part's scoring code, when the input has ground truth."""
+def score(source: Source, incidents: list[Incident],
+          host_ts: dict[str, list[float]]) -> tuple[dict[str, Any] | None, str, list[Any]]:
+    """(scorecard with its matched detections, text, truth faults) from the detector part's scoring
+    code, when the input has ground truth; (None, why not, []) otherwise."""
     if source.truth is None:
-        return None, "no ground truth beside the input: no scorecard"
+        return None, "no ground truth beside the input: no scorecard", []
     from fleetcli.run_scoring import scorecard
 
     return scorecard(source.truth, incidents, host_ts.keys(), host_ts)
-
-
-def score_plots(source: Source, incidents: list[Incident], host_ts: dict[str, list[float]]) -> list[tuple[str, str]]:
-    """The scorecard's plots for the HTML report (none without ground truth)."""
-    if source.truth is None:
-        return []
-    from fleetcli.run_scoring import plots
-
-    return plots(source.truth, incidents, host_ts)
 
 
 def stream_clock() -> tuple[Callable[[Sample], None], Callable[[], float]]:

@@ -5,7 +5,8 @@
 #   scripts/services.sh up     [kafka|prometheus|slurm|all ...] [--started-file FILE]
 #   scripts/services.sh down   [kafka|prometheus|slurm|all ...]
 #   scripts/services.sh status [kafka|prometheus|slurm|all ...]
-#   scripts/services.sh deps            # apt-get install what is missing (prometheus, slurm, munge, java, maven)
+#   scripts/services.sh deps            # apt-get install what is missing (prometheus, slurm, munge, java, maven,
+#                                       # and chromium-headless-shell for the report's screenshot test)
 #   scripts/services.sh env             # print the export lines clients need (SLURM_CONF, ...)
 #
 # `up` is idempotent: a service whose pid file names a live process is left alone. A service that is
@@ -76,8 +77,10 @@ deps() {
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null || missing+=(maven)
   command -v curl >/dev/null || missing+=(curl)
+  # tests/report renders the HTML report in headless Chromium (Debian's headless shell has --screenshot)
+  command -v chromium-headless-shell >/dev/null || missing+=(chromium-headless-shell)
   if ((${#missing[@]} == 0)); then
-    log "deps: prometheus, slurm-wlm, munge, java, maven present"
+    log "deps: prometheus, slurm-wlm, munge, java, maven, curl, chromium-headless-shell present"
     return 0
   fi
   log "deps: installing ${missing[*]}"

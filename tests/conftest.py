@@ -11,7 +11,10 @@ from tests.services import *  # noqa: F403
 # What a clean clone in CI must have: the shared corpus and reference (beside the repo, as CI lays
 # them), the shipped datasets and models. A test that skips because one of them is missing would
 # silently drop the only checks against real captures, so under CI=true such a skip is a failure.
-_MISSING_ARTEFACT = _re.compile(r"shared|corpus|reference|not shipped|no shipped|not built|dataset|model", _re.I)
+# So is a missing headless Chromium (scripts/services.sh deps installs it; the report's screenshot
+# test needs it).
+_MISSING_ARTEFACT = _re.compile(r"shared|corpus|reference|not shipped|no shipped|not built|dataset|model|chromium",
+                               _re.I)
 
 
 @_pytest.hookimpl(hookwrapper=True)

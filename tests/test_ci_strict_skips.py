@@ -1,5 +1,5 @@
 """Under CI=true a test that skips because a required artefact (shared corpus, reference, shipped
-dataset or model) is missing fails instead; other skips stay skips."""
+dataset or model, headless Chromium) is missing fails instead; other skips stay skips."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ def test_corpus_missing():
 
 def test_dataset_missing():
     pytest.skip("replay_data/x.jsonl.gz not shipped in this checkout")
+
+def test_chromium_missing():
+    pytest.skip("headless Chromium not installed (scripts/services.sh deps installs it)")
 
 @pytest.mark.skipif(True, reason="root reads files regardless of mode")
 def test_unrelated_skip():
@@ -42,9 +45,9 @@ def _run(tmp_path: Path, ci: str) -> str:
 
 def test_missing_artefacts_fail_in_ci(tmp_path: Path) -> None:
     out = _run(tmp_path, "true")
-    assert "2 failed, 1 skipped, 1 xfailed" in out, out
+    assert "3 failed, 1 skipped, 1 xfailed" in out, out
     assert "a required artefact is missing" in out
 
 
 def test_missing_artefacts_skip_on_a_developer_machine(tmp_path: Path) -> None:
-    assert "3 skipped, 1 xfailed" in _run(tmp_path, "")
+    assert "4 skipped, 1 xfailed" in _run(tmp_path, "")

@@ -3,19 +3,18 @@
 Runs the detectors over a recording (an imported Prometheus history, a collector's JSONL) exactly
 as ``replay --score`` does, but scores nothing: it lists each incident episode — when it opened
 (UTC), on which host and component (GPU UUID / PCI address, port, DIMM), the failure mode, the
-rule, the first evidence — into ``DIR/incidents.jsonl`` and a readable ``DIR/index.html``.
+rule, the first evidence — into ``DIR/incidents.jsonl`` and the report (``DIR/index.html``,
+:mod:`detectors.scoring.report`, the same page ``run`` and ``replay --score`` write, without a scorecard).
 """
 
 from __future__ import annotations
 
-import html
 import json
-import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from detectors.scoring.report import ReportData, utc, write_report
 from detectors.scoring.scoring import DetectionRun, run_recording
 from fleethealth.errors import UserError
 from fleethealth.schema import Incident
@@ -41,10 +40,6 @@ class Episode:
         d = dict(self.__dict__)
         d["first_seen_utc"] = utc(self.first_seen)
         return d
-
-
-def utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def episodes(incidents: list[Incident]) -> list[Episode]:
@@ -73,31 +68,10 @@ def backtest(path: Path, out_dir: Path | None, progress: Any = None,
         with open(out_dir / "incidents.jsonl", "w", encoding="utf-8") as fh:
             for e in eps:
                 fh.write(json.dumps(e.as_dict(), sort_keys=True) + "\n")
-        page = write_page(out_dir, path, res, eps)
+        page = write_report(ReportData(command="replay", source=str(path), samples=res.samples,
+                                       hosts=len(res.hosts), first_ts=res.first_ts, last_ts=res.last_ts,
+                                       incidents=res.incidents, invalid=res.invalid), out_dir)
     return res, eps, page
-
-
-def write_page(out_dir: Path, path: Path, res: DetectionRun, eps: list[Episode]) -> Path:
-    span = f"{utc(res.first_ts)} to {utc(res.last_ts)}" if res.samples else "no samples"
-    rows = "".join(
-        f"<tr><td>{utc(e.first_seen)}</td><td>{html.escape(e.host)}</td><td>{html.escape(e.component)}</td>"
-        f"<td>{e.failure_mode}</td><td>{e.severity}</td><td>{'drain' if e.drain else 'ticket'}</td>"
-        f"<td>{html.escape(e.detector)}</td><td>{html.escape(e.evidence[:300])}</td></tr>" for e in eps)
-    body = (f"<h1>What fleethealth would have raised</h1><p>{html.escape(str(path))}: {res.samples} samples from "
-            f"{len(res.hosts)} hosts, {span} (UTC); {res.invalid} invalid lines skipped; no ground truth, so "
-            f"nothing is scored.</p><p>{len(eps)} incident episodes on "
-            f"{len({(e.host, e.component) for e in eps})} components; {sum(e.drain for e in eps)} would drain.</p>"
-            "<table border=1 cellspacing=0 cellpadding=3><tr><th>first seen (UTC)</th><th>host</th><th>component</th>"
-            "<th>failure mode</th><th>severity</th><th>action</th><th>rule</th><th>evidence</th></tr>"
-            f"{rows}</table>")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>fleethealth backtest</title>"
-            f"<style>body{{font-family:sans-serif;margin:2em}}td{{font-size:90%}}</style></head>"
-            f"<body>{body}</body></html>")
-    p = out_dir / "index.html"
-    tmp = p.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, p)
-    return p
 
 
 def format_text(res: DetectionRun, eps: list[Episode]) -> str:

@@ -1,141 +1,338 @@
-"""The scorecard as a self-contained HTML page: plots embedded as base64 PNG (matplotlib, Agg).
+"""The one HTML report of fleethealth: ``run``, ``demo``, ``replay --score --report DIR`` and
+``replay FILE --report DIR`` (no ground truth) all write it through :func:`write_report`.
 
-* a timeline per host: truth faults as bars, detections as markers (colour = failure mode);
-* a confusion matrix: truth mode (rows, plus "none" for false positives) vs detected mode;
-* per-mode precision / recall bars.
-Written to ``DIR/index.html`` through a temp file and ``os.replace``.
+A single self-contained page (inline CSS and SVG, no script, nothing fetched), sections present when
+their data exist:
+
+* ``summary`` — input, telemetry span (UTC), hosts, samples, episodes, remediation outcome (always);
+* ``scorecard`` — per-mode precision / recall, the quality bar, the confusion matrix and the false
+  positives (only with ground truth);
+* ``backtest`` — what would have been raised, nothing scored (without ground truth);
+* ``timeline`` — one row per host with incidents (or faults), time in UTC (always);
+* ``incidents`` — episodes by mode and the episode table with evidence (always);
+* ``remediation`` — host states at the end and the dry-run actions (``run`` / ``demo``).
+
+Times are ``2026-12-01 17:04:05 UTC``; colours are Okabe–Ito (:mod:`detectors.scoring.palette`), and
+text on a coloured cell is black or white by the cell's luminance. :func:`render_html` is pure;
+:func:`write_report` is the only function that touches files (temp file + ``os.replace``).
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
+import math
 import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detectors.scoring.scoring import DetectionRun, TruthFault, format_scorecard
-from fleethealth.taxonomy import FAULT_LABELS
+from detectors.scoring import timeline
+from detectors.scoring.palette import OKABE_ITO, RAMP_FP, RAMP_OK, mode_colour, ramp, text_on
+from detectors.scoring.scoring import TruthFault, meets_quality_bar
+from fleethealth.schema import ActionRecord, Incident
+from fleethealth.taxonomy import FAULT_LABELS, info
 
-MAX_TIMELINE_HOSTS = 60
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+utc = timeline.utc
+MAX_ROWS = 300
+SECTIONS = ("summary", "scorecard", "backtest", "timeline", "incidents", "remediation")
 
 
-def _colors(modes: list[str]) -> dict[str, Any]:
-    import matplotlib
+@dataclass
+class ReportData:
+    """What the report shows. ``card`` is :func:`detectors.scoring.scoring.score`'s result (with its
+    ``_detections``) and ``faults`` the ground truth, when there is some; ``actions`` and
+    ``host_states`` are None when no remediation ran (``replay``)."""
 
-    cmap = matplotlib.colormaps["tab20"]
-    return {m: cmap(i % 20) for i, m in enumerate(modes)}
+    command: str  # "run", "demo", "replay"
+    source: str
+    samples: int
+    hosts: int
+    first_ts: float
+    last_ts: float
+    incidents: Sequence[Incident] = ()
+    invalid: int = 0
+    card: Mapping[str, Any] | None = None
+    faults: Sequence[TruthFault] = ()
+    actions: Sequence[ActionRecord] | None = None
+    host_states: Mapping[str, str] | None = None
+    dead_letters: int | None = None
+    wall_s: float | None = None
+    generated_at: float | None = None  # default: now
 
 
-def timeline(card: dict[str, Any], truth: list[TruthFault], res: DetectionRun) -> str:
-    import matplotlib
+def episodes(incidents: Sequence[Incident]) -> list[Incident]:
+    """Each episode's latest update, in order of first sighting."""
+    latest: dict[str, Incident] = {}
+    for inc in incidents:
+        latest[inc.id] = inc
+    return sorted(latest.values(), key=lambda i: (i.first_seen, i.host, i.component, i.id))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    dets = card["_detections"]
-    hosts = sorted({f.host for f in truth} | {d.host for d in dets})[:MAX_TIMELINE_HOSTS]
-    row = {h: i for i, h in enumerate(hosts)}
-    col = _colors(list(FAULT_LABELS))
-    t0 = res.first_ts or min([f.onset for f in truth] + [d.first_seen for d in dets] + [0.0])
-    fig, ax = plt.subplots(figsize=(12, max(3, 0.25 * len(hosts) + 1)))
-    for f in truth:
-        if f.host in row:
-            ax.barh(row[f.host], (f.end - f.onset) / 3600, left=(f.onset - t0) / 3600, height=0.6,
-                    color=col[f.mode], alpha=0.35)
+def drain_counts(actions: Sequence[ActionRecord]) -> tuple[int, int]:
+    """(would-drain, drains queued behind a guard) of a dry run, as the audit counts them."""
+    would = sum(1 for a in actions if a.kind == "drain" and a.outcome == "dry_run" and "step" not in a.details)
+    held = len({a.id for a in actions if a.kind == "drain" and a.outcome == "queued"})
+    return would, held
+
+
+def duration(s: float) -> str:
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f} s"
+    m = round(s / 60)
+    if m < 120:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m:02d} min"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "",
+           widths: Sequence[int] = ()) -> str:
+    cols = "<colgroup>" + "".join(f"<col style='width:{w}%'>" for w in widths) + "</colgroup>" if widths else ""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c if isinstance(c, _Raw) else _e(c)}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return (f"<table{f' class={cls!r}' if cls else ''}>{cols}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
+
+
+class _Raw(str):
+    """Markup already escaped (a table cell that carries a swatch or a badge)."""
+
+
+def _facts(rows: Sequence[tuple[str, Any]]) -> str:
+    return "<table class='facts'><tbody>" + "".join(
+        f"<tr><th scope='row'>{_e(k)}</th><td>{v if isinstance(v, _Raw) else _e(v)}</td></tr>" for k, v in rows
+    ) + "</tbody></table>"
+
+
+def _mode_cell(mode: str) -> _Raw:
+    return _Raw(f"<span class='swatch' style='background:{mode_colour(mode)}'></span>{_e(mode)}")
+
+
+def _shown(n: int, limit: int, what: str) -> str:
+    return f"all {n} {what}" if n <= limit else f"the first {limit} of {n} {what}"
+
+
+def _badge(ok: bool, text: str) -> _Raw:
+    bg = OKABE_ITO["bluish_green"] if ok else OKABE_ITO["vermillion"]
+    return _Raw(f"<span class='badge' style='background:{bg};color:{text_on(bg)}'>{_e(text)}</span>")
+
+
+# ------------------------------------------------------------------------------------------ sections
+def _summary(d: ReportData, eps: list[Incident]) -> str:
+    drainy = sum(1 for e in eps if info(e.failure_mode).drain)
+    rows: list[tuple[str, Any]] = [
+        ("command", f"fleethealth {d.command}"), ("input", d.source),
+        ("telemetry", f"{utc(d.first_ts)} to {utc(d.last_ts)} ({duration(d.last_ts - d.first_ts)})"
+         if d.samples else "no samples"),
+        ("hosts", d.hosts),
+        ("samples", f"{d.samples}" + (f" ({d.invalid} invalid lines skipped)" if d.invalid else "")),
+        ("incident episodes", f"{len(eps)} on {len({e.host for e in eps})} hosts; {drainy} of a drain-worthy mode"),
+    ]
+    if d.actions is not None:
+        would, held = drain_counts(d.actions)
+        rows.append(("remediation", f"dry-run (nothing drained): would drain {would}, "
+                                    f"{held} drains queued behind a guard; {len(d.actions)} actions"))
+    if d.dead_letters is not None:
+        rows.append(("dead-lettered messages", d.dead_letters))
+    if d.card is not None:
+        bad = meets_quality_bar(dict(d.card))
+        rows.append(("quality bar", _badge(not bad, "PASS" if not bad else "FAIL")))
+    if d.wall_s is not None:
+        rows.append(("wall time", f"{d.wall_s:.1f} s"))
+    rows.append(("report generated", utc(d.generated_at if d.generated_at is not None else time.time())))
+    return "<section id='summary'><h2>Summary</h2>" + _facts(rows) + "</section>"
+
+
+def _scorecard(card: Mapping[str, Any], faults: Sequence[TruthFault]) -> str:
+    rows = []
+    for m, r in card["modes"].items():
+        delay = "–" if r["median_delay_s"] is None else duration(r["median_delay_s"])
+        rows.append([_mode_cell(m), "yes" if r["drain_worthy"] else "no", r["support"], r["detections"],
+                     r["false_positives"], f"{r['precision']:.3f}" if r["detections"] else "–",
+                     f"{r['recall']:.3f}" if r["support"] else "–", f"{r['f1']:.3f}" if r["detections"] and
+                     r["support"] else "–", delay])
+    bad = meets_quality_bar(dict(card))
+    out = ["<section id='scorecard'><h2>Scorecard against the ground truth</h2>",
+           "<p>", _badge(not bad, "quality bar PASS" if not bad else "quality bar FAIL"),
+           " recall ≥ 0.95 and precision ≥ 0.98 for every drain-worthy mode, and no incident on a healthy host",
+           ("" if not bad else "<br>" + _e("; ".join(bad))), "</p>",
+           _table(["failure mode", "drain-worthy", "faults", "detections", "false positives", "precision",
+                   "recall", "F1", "median delay"], rows),
+           f"<p>{card['healthy_hosts']} hosts without a fault: {card['healthy_hosts_with_incidents']} got an incident, "
+           f"{card['healthy_hosts_with_drain_incidents']} a drain-worthy one."
+           + (f" {len(card['unobservable_faults'])} faults fell in a telemetry gap of their host and are not scored."
+              if card.get("unobservable_faults") else "") + "</p>",
+           _confusion(card, faults), _false_positives(card), "</section>"]
+    return "".join(out)
+
+
+def _confusion(card: Mapping[str, Any], faults: Sequence[TruthFault]) -> str:
+    dets = card.get("_detections") or []
+    if not dets:
+        return "<h3 id='confusion'>Confusion matrix</h3><p>No detections.</p>"
+    by_id = {f.id: f for f in faults}
+    cols = [m for m in FAULT_LABELS if any(d.mode == m for d in dets)]
+    counts: Counter[tuple[str, str]] = Counter()
     for d in dets:
-        if d.host in row:
-            ax.plot((d.first_seen - t0) / 3600, row[d.host], marker="x" if d.verdict == "fp" else "|",
-                    color="red" if d.verdict == "fp" else col.get(d.mode, "k"), markersize=9)
-    ax.set_yticks(range(len(hosts)), hosts, fontsize=6)
-    ax.set_xlabel("hours since the start of the recording")
-    ax.set_title("faults (bars) vs detections (| matched, red x false positive)")
-    used = sorted({f.mode for f in truth})
-    if used:  # a fleet with no fault (a driver roll-out) has only detections to show, if any
-        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=col[m], alpha=0.5) for m in used], labels=used,
-                  fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+        f = by_id.get(d.matched) if d.verdict != "fp" else None
+        counts[(f.mode if f is not None else "none", d.mode)] += 1
+    rows = [m for m in FAULT_LABELS if any(r == m for r, _ in counts)] + (
+        ["none"] if any(r == "none" for r, _ in counts) else [])
+    top = math.log1p(max(counts.values()))
+    head = "".join(f"<th scope='col'>{_e(c)}</th>" for c in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = counts.get((r, c), 0)
+            if not v:
+                cells.append("<td class='cm-cell cm-zero'></td>")
+                continue
+            bg = ramp(RAMP_FP if r == "none" else RAMP_OK, 0.15 + 0.85 * math.log1p(v) / top if top else 1.0)
+            cells.append(f"<td class='cm-cell' style='background:{bg};color:{text_on(bg)}'>{v}</td>")
+        label = "none (false positive)" if r == "none" else r
+        body.append(f"<tr><th scope='row'>{_e(label)}</th>{''.join(cells)}</tr>")
+    return ("<h3 id='confusion'>Confusion matrix</h3><table class='cm'><caption>Detections (incident episodes) "
+            "by the mode detected (columns) and the truth mode of the fault they were matched to (rows). "
+            "The diagonal is correct; an off-diagonal cell in a fault's row is a secondary symptom of that "
+            "fault (a GPU off the bus also raises PCIe fatal) or the precursor of it (a correctable-error "
+            "storm before an uncorrectable error): counted as correct, not as an error. The last row, in "
+            "vermillion, holds the false positives.</caption>"
+            f"<thead><tr><th>truth \\ detected</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
-def confusion(card: dict[str, Any], truth: list[TruthFault]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    by_id = {f.id: f for f in truth}
-    modes = [m for m in FAULT_LABELS if m in card["modes"]]
-    rows = [*modes, "none"]
-    idx = {m: i for i, m in enumerate(modes)}
-    mat = np.zeros((len(rows), len(modes)), dtype=int)
-    for d in card["_detections"]:
-        if d.mode not in idx:
-            continue
-        f = by_id.get(d.matched)
-        r = idx.get(f.mode, len(modes)) if f is not None else len(modes)
-        mat[r, idx[d.mode]] += 1
-    fig, ax = plt.subplots(figsize=(max(5, 0.45 * len(modes) + 2), max(4, 0.4 * len(rows) + 2)))
-    ax.imshow(np.log1p(mat), cmap="Blues")
-    for (i, j), v in np.ndenumerate(mat):
-        if v:
-            ax.text(j, i, str(v), ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(modes)), modes, rotation=70, fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
-    ax.set_xlabel("detected mode")
-    ax.set_ylabel("truth mode of the matched fault")
-    ax.set_title("confusion matrix (detections)")
-    return _png(fig)
+def _false_positives(card: Mapping[str, Any]) -> str:
+    fps = card.get("false_positive_examples") or []
+    if not fps:
+        return "<h3 id='false-positives'>False positives</h3><p>None.</p>"
+    return ("<h3 id='false-positives'>False positives</h3>" + _table(
+        ["first seen", "host", "component", "failure mode", "detector"],
+        [[utc(f["first_seen"]), f["host"], f["component"], _mode_cell(f["failure_mode"]), f["detector"]]
+         for f in fps]))
 
 
-def bars(card: dict[str, Any]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    modes = list(card["modes"])
-    x = np.arange(len(modes))
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(modes) + 2), 4))
-    ax.bar(x - 0.2, [card["modes"][m]["precision"] for m in modes], 0.4, label="precision")
-    ax.bar(x + 0.2, [card["modes"][m]["recall"] for m in modes], 0.4, label="recall")
-    ax.axhline(0.95, color="grey", lw=0.8, ls="--")
-    ax.set_xticks(x, modes, rotation=70, fontsize=7)
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
-    ax.set_title("per failure mode")
-    return _png(fig)
+def _backtest(eps: list[Incident]) -> str:
+    comps = len({(e.host, e.component) for e in eps})
+    drain = sum(1 for e in eps if info(e.failure_mode).drain)
+    return ("<section id='backtest'><h2>What fleethealth would have raised</h2><p>No ground truth beside the "
+            "input, so nothing is scored: the incidents below are what the detectors raised over the "
+            f"recording. {len(eps)} incident episodes on {comps} components; {drain} of them of a drain-worthy "
+            "mode (live remediation would drain those hosts, subject to the guards).</p></section>")
 
 
-def write_report(out_dir: Path, card: dict[str, Any], truth: list[TruthFault], res: DetectionRun) -> Path:
+def _timeline(d: ReportData, eps: list[Incident]) -> str:
+    dets = (d.card or {}).get("_detections", [])
+    verdicts = {x.id: x.verdict for x in dets} if d.card is not None else None
+    found = {x.matched for x in dets if x.verdict == "tp"} if d.card is not None else None
+    svg, drawn, total = timeline.render(eps, d.first_ts, d.last_ts, faults=d.faults, verdicts=verdicts,
+                                        found=found)
+    modes = {e.failure_mode for e in eps} | {f.mode for f in d.faults}
+    note = "" if drawn == total else f"<p class='note'>The first {drawn} of {total} hosts (by name).</p>"
+    extra = ("<li><span class='swatch fault'></span>dashed box: a fault in the ground truth; "
+             "<span class='swatch fp'></span>thick black outline: a false positive</li>") if d.card else ""
+    if not total:
+        return ("<section id='timeline'><h2>Incident timeline per host</h2><p>No incident on any host"
+                + (" and no fault in the ground truth" if d.card else "") + ".</p></section>")
+    return ("<section id='timeline'><h2>Incident timeline per host</h2><p class='note'>One row per host with "
+            "an incident" + (" or a fault" if d.card else "") + "; time in UTC. Hover a bar for its details."
+            f"</p>{note}{svg}" + timeline.legend(modes).replace("</ul>", extra + "</ul>") + "</section>")
+
+
+def _incidents(eps: list[Incident]) -> str:
+    by_mode = Counter(e.failure_mode for e in eps)
+    hosts_by_mode = {m: len({e.host for e in eps if e.failure_mode == m}) for m in by_mode}
+    modes = [m for m in FAULT_LABELS if m in by_mode] + sorted(set(by_mode) - set(FAULT_LABELS))
+    rows = []
+    for e in eps[:MAX_ROWS]:
+        facts = list(dict.fromkeys(ev.fact for ev in e.evidence))[:3]
+        facts += [f"“{ev.line}”" for ev in e.evidence if ev.line][:1]  # the raw log line, where one exists
+        rows.append([utc(e.first_seen), utc(e.last_seen), e.host, e.component, _mode_cell(e.failure_mode),
+                     e.severity, "drain" if info(e.failure_mode).drain else "ticket", e.state, e.detector,
+                     "; ".join(facts)[:500]])
+    return ("<section id='incidents'><h2>Incidents</h2>"
+            + (_table(["failure mode", "episodes", "hosts", "action"],
+                      [[_mode_cell(m), by_mode[m], hosts_by_mode[m], "drain" if info(m).drain else "ticket"]
+                       for m in modes]) if eps else "<p>No incidents.</p>")
+            + (f"<h3>Incident episodes</h3><p class='note'>{_shown(len(eps), MAX_ROWS, 'episodes')}, in order "
+               "of first sighting; times in UTC.</p>"
+               + _table(["first seen", "last seen", "host", "component", "failure mode", "severity", "action",
+                         "state", "detector", "evidence"], rows, cls="episodes",
+                        widths=(9, 9, 8, 11, 11, 6, 5, 6, 9, 26)) if eps else "")
+            + "</section>")
+
+
+def _remediation(actions: Sequence[ActionRecord], host_states: Mapping[str, str] | None) -> str:
+    states = Counter((host_states or {}).values())
+    kinds = Counter((a.kind, a.outcome) for a in actions)
+    outcome = {"dry_run": "would do (dry-run)", "queued": "queued behind a guard", "refused": "refused"}
+    return ("<section id='remediation'><h2>Remediation (dry-run)</h2>"
+            "<h3>Host states at the end</h3>"
+            + (_table(["state", "hosts"], sorted(states.items())) if states else "<p>No host states.</p>")
+            + "<h3>Actions by kind</h3>"
+            + (_table(["action", "outcome", "count"], [[k.replace("_", " "), outcome.get(o, o.replace("_", " ")), n]
+                                                     for (k, o), n in sorted(kinds.items())])
+               if kinds else "<p>None.</p>")
+            + (f"<h3>Actions</h3><p class='note'>{_shown(len(actions), MAX_ROWS, 'actions')}; times in UTC.</p>"
+               + _table(["time", "host", "action", "outcome", "reason", "incident"],
+                        [[utc(a.ts), a.host, a.kind.replace("_", " "), a.outcome.replace("_", " "), a.reason,
+                          a.incident_id] for a in actions[:MAX_ROWS]], cls="episodes",
+                        widths=(10, 10, 9, 10, 36, 25)) if actions else "")
+            + "</section>")
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1240px;padding:0 1em;color:#111;
+line-height:1.4}h1{margin-bottom:.2em}h2{border-bottom:2px solid #0072B2;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #BBB;padding:3px 8px;text-align:left;
+vertical-align:top}thead th{background:#E8E8E8}table.facts th{background:#F2F2F2;font-weight:600}
+table.episodes{table-layout:fixed;width:100%;font-size:90%}table.episodes td{overflow-wrap:anywhere}
+table.cm td.cm-cell{text-align:center;min-width:2.4em;font-weight:600}table.cm th{font-size:90%}
+table.cm caption{caption-side:bottom;text-align:left;font-size:90%;color:#333;padding-top:.4em;max-width:60em}
+.swatch{display:inline-block;width:.9em;height:.9em;margin-right:.35em;vertical-align:-.1em;border:1px solid #333}
+.swatch.solid{background:#555}.swatch.hatched{background:repeating-linear-gradient(45deg,#555 0 3px,#FFF 3px 6px)}
+.swatch.fault{border:1.5px dashed #000;background:none}.swatch.fp{border:2.5px solid #000;background:#FFF}
+.badge{padding:1px 8px;border-radius:3px;font-weight:700}.note{color:#333;font-size:92%}
+ul.legend{list-style:none;padding:0;columns:2}ul.legend li{margin:.15em 0}"""
+
+
+def render_html(d: ReportData) -> str:
+    eps = episodes(d.incidents)
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+             f"<meta name='generator' content='fleethealth report'><title>fleethealth {_e(d.command)}: "
+             f"{_e(Path(d.source).name or d.source)}</title><style>{CSS}</style></head><body>"
+             f"<h1>fleethealth report</h1><p class='note'>fleethealth {_e(d.command)} on {_e(d.source)}</p>",
+             _summary(d, eps)]
+    parts.append(_scorecard(d.card, d.faults) if d.card is not None else _backtest(eps))
+    parts += [_timeline(d, eps), _incidents(eps)]
+    if d.actions is not None:
+        parts.append(_remediation(d.actions, d.host_states))
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_report(d: ReportData, out_dir: Path) -> Path:
+    """Write ``out_dir/index.html`` (the folder is created) and return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    imgs = [("Timeline", timeline(card, truth, res)), ("Confusion matrix", confusion(card, truth)),
-            ("Precision and recall", bars(card))]
-    fps = "".join(f"<tr><td>{html.escape(f['host'])}</td><td>{html.escape(f['component'])}</td>"
-                  f"<td>{f['failure_mode']}</td><td>{f['first_seen']:.0f}</td><td>{html.escape(f['detector'])}</td></tr>"
-                  for f in card.get("false_positive_examples", []))
-    body = (f"<h1>fleethealth replay scorecard</h1><p>{html.escape(str(card.get('recording', '')))}: "
-            f"{card.get('samples', 0)} samples, {card['faults']} faults, {card['detections']} detections</p>"
-            f"<pre>{html.escape(format_scorecard(card))}</pre>"
-            + "".join(f"<h2>{t}</h2><img alt='{t}' src='data:image/png;base64,{b}'>" for t, b in imgs)
-            + "<h2>False positives</h2><table border=1 cellspacing=0><tr><th>host</th><th>component</th>"
-              f"<th>mode</th><th>first seen</th><th>detector</th></tr>{fps}</table>")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>fleethealth scorecard</title>"
-            f"<style>body{{font-family:sans-serif;margin:2em}}img{{max-width:100%}}</style></head>"
-            f"<body>{body}</body></html>")
     path = out_dir / "index.html"
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=".index.html.", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(render_html(d))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

@@ -276,9 +276,12 @@ def score_replay(path: Path | str, args: Any = None, engine: Any = None) -> int:
     card["samples"], card["invalid_samples"], card["recording"] = res.samples, res.invalid, str(path)
     report = getattr(args, "report", None)
     if report:
-        from detectors.scoring.report import write_report
+        from detectors.scoring.report import ReportData, write_report
 
-        card["report"] = str(write_report(Path(report), card, truth, res))
+        card["report"] = str(write_report(ReportData(
+            command="replay --score", source=str(path), samples=res.samples, hosts=len(res.hosts),
+            first_ts=res.first_ts, last_ts=res.last_ts, incidents=res.incidents, invalid=res.invalid, card=card,
+            faults=truth), Path(report)))
     if getattr(args, "json", False):
         print(json.dumps(public(card), sort_keys=True, default=str))
     else:
