@@ -192,7 +192,7 @@ def _confusion(card: Mapping[str, Any], faults: Sequence[TruthFault]) -> str:
     rows = [m for m in FAULT_LABELS if any(r == m for r, _ in counts)] + (
         ["none"] if any(r == "none" for r, _ in counts) else [])
     top = math.log1p(max(counts.values()))
-    head = "".join(f"<th scope='col'>{_e(c)}</th>" for c in cols)
+    head = "".join(f"<th scope='col' class='cm-col'><span>{_e(c)}</span></th>" for c in cols)
     body = []
     for r in rows:
         cells = []
@@ -209,8 +209,8 @@ def _confusion(card: Mapping[str, Any], faults: Sequence[TruthFault]) -> str:
             "by the mode detected (columns) and the truth mode of the fault they were matched to (rows). "
             "The diagonal is correct; an off-diagonal cell in a fault's row is a secondary symptom of that "
             "fault (a GPU off the bus also raises PCIe fatal) or the precursor of it (a correctable-error "
-            "storm before an uncorrectable error): counted as correct, not as an error. The last row, in "
-            "vermillion, holds the false positives.</caption>"
+            "storm before an uncorrectable error): counted as correct, not as an error. False positives, "
+            "if any, are the last row (none), in vermillion.</caption>"
             f"<thead><tr><th>truth \\ detected</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
@@ -299,6 +299,8 @@ table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #BBB;padding
 vertical-align:top}thead th{background:#E8E8E8}table.facts th{background:#F2F2F2;font-weight:600}
 table.episodes{table-layout:fixed;width:100%;font-size:90%}table.episodes td{overflow-wrap:anywhere}
 table.cm td.cm-cell{text-align:center;min-width:2.4em;font-weight:600}table.cm th{font-size:90%}
+table.cm th.cm-col{vertical-align:bottom;padding:6px 4px}table.cm th.cm-col span{writing-mode:vertical-rl;
+transform:rotate(180deg);white-space:nowrap}
 table.cm caption{caption-side:bottom;text-align:left;font-size:90%;color:#333;padding-top:.4em;max-width:60em}
 .swatch{display:inline-block;width:.9em;height:.9em;margin-right:.35em;vertical-align:-.1em;border:1px solid #333}
 .swatch.solid{background:#555}.swatch.hatched{background:repeating-linear-gradient(45deg,#555 0 3px,#FFF 3px 6px)}
