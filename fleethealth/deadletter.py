@@ -3,22 +3,16 @@
 The detect worker, the remediation worker and ``fleethealth replay`` build their dead letters with
 :func:`dead_letter` / :func:`dead_letter_for`, so the bounds are the same everywhere and a letter
 always fits its own contract (``Text`` is at most 8192 characters; an oversized key or reason is
-cut). :func:`decode_batch` is a small decode-or-dead-letter loop over plain records (the bus tests
-use it; the workers have their own loops, with their own counters and delivery).
+cut). The decode-or-dead-letter loops are the workers' own (with their counters and delivery).
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
 
-from fleethealth.bus import DEADLETTER, Bus, Record
-from fleethealth.schema import ContractError, DeadLetter, encode
+from fleethealth.bus import Record
+from fleethealth.schema import DeadLetter
 
-T = TypeVar("T")
-log = logging.getLogger(__name__)
 EXCERPT_BYTES = 512  # payload bytes kept (as repr text: at most 4 characters a byte)
 REASON_CHARS = 4000
 KEY_CHARS = 256
@@ -44,30 +38,3 @@ def dead_letter_for(rec: Record, reason: str, consumer: str, now: float | None =
     """The dead letter of one bus record."""
     return dead_letter(rec.value, reason, consumer, time.time() if now is None else now, source_topic=rec.topic,
                        partition=rec.partition, offset=rec.offset, key=rec.key)
-
-
-def decode_batch(
-    records: Iterable[Record],
-    decode: Callable[[bytes], T],
-    bus: Bus,
-    consumer: str,
-    *,
-    topic: str = DEADLETTER,
-) -> tuple[list[tuple[Record, T]], int]:
-    """Return (decoded, dead-lettered count). Decoding errors of any kind are caught per record."""
-    good: list[tuple[Record, T]] = []
-    bad = 0
-    for rec in records:
-        try:
-            good.append((rec, decode(rec.value)))
-        except ContractError as exc:
-            reason = str(exc)
-        except Exception as exc:  # a decoder bug must not stop the worker either
-            reason = f"decoder failure: {type(exc).__name__}: {exc}"
-        else:
-            continue
-        bad += 1
-        log.warning("dead-lettered message", extra={"topic": rec.topic, "partition": rec.partition,
-                                                    "offset": rec.offset, "reason": reason[:300]})
-        bus.publish(topic, rec.key, encode(dead_letter_for(rec, reason, consumer)))
-    return good, bad

@@ -119,6 +119,25 @@ MODES: dict[FailureMode, ModeInfo] = {
 
 assert set(MODES) == set(FailureMode), "every failure mode needs a ModeInfo row"
 
+
+@dataclass(frozen=True, slots=True)
+class Precursor:
+    """A correctable-error ramp that may lead up to an uncorrectable fault on the same part."""
+
+    storm: str  # the predictive mode the ramp looks like while it lasts
+    ramp_s: float  # how long before the fault's onset the ramp may start
+
+
+# The one precursor table: the simulator plants ramps of at most ``ramp_s`` (and reserves that time
+# before onset); the scorecard reads a storm detection on the fault's component within ``ramp_s``
+# before its onset as that fault's evidence, not a false positive; the ML labels leave the ramp's
+# windows out of training and count the storm as explained in evaluation.
+PRECURSORS: dict[str, Precursor] = {
+    _F.GPU_DRAM_UCE.value: Precursor(_F.GPU_ECC_SBE_STORM.value, 6 * 3600.0),
+    _F.GPU_ROW_REMAP_FAILURE.value: Precursor(_F.GPU_ECC_SBE_STORM.value, 3 * 3600.0),
+    _F.HOST_DRAM_UCE.value: Precursor(_F.HOST_DRAM_CE_STORM.value, 6 * 3600.0),
+}
+
 ALL_LABELS: tuple[str, ...] = tuple(m.value for m in FailureMode)
 FAULT_LABELS: tuple[str, ...] = tuple(m.value for m in FailureMode if m is not FailureMode.HEALTHY)
 DRAIN_WORTHY: frozenset[FailureMode] = frozenset(m for m, i in MODES.items() if i.drain)

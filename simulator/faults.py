@@ -67,8 +67,6 @@ DURATION: dict[str, tuple[float, float]] = {
 KIND = {m: "gpu" for m in DURATION}
 KIND.update({"pcie_link_degraded": "pci", "pcie_fatal": "pci", "net_link_bad_cable": "port", "net_link_down": "port",
              "host_dram_uce": "dimm", "host_dram_ce_storm": "dimm", "host_unreachable": "host"})
-# how long before onset a fault may leave a precursor (CE ramp) that shares its reservation
-PRECURSOR_S = {"gpu_dram_uce": 6 * 3600, "gpu_row_remap_failure": 3 * 3600, "host_dram_uce": 6 * 3600}
 
 
 def draw_duration(mode: str, rng: np.random.Generator) -> float:

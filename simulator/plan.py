@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleethealth.errors import UserError
-from fleethealth.taxonomy import FAULT_LABELS
+from fleethealth.taxonomy import FAULT_LABELS, PRECURSORS
 
-from .faults import DURATION, KIND, PRECURSOR_S, Fault, draw_duration
+from .faults import DURATION, KIND, Fault, draw_duration
 from .rates import rates_per_host_hour
 from .timeline import Timeline
 from .topology import GPUS_PER_HOST, PORTS_PER_HOST, HostSpec
@@ -96,7 +96,8 @@ def _place(tl: Timeline, rng: np.random.Generator, spec: RunSpec, mode: str, fid
            active: dict[int, list[Fault]] | None = None) -> tuple[Fault, int] | None:
     ticks = spec.ticks
     dur = spec_ticks(dur_s if dur_s is not None else draw_duration(mode, rng), spec.interval_s)
-    pre_max = spec_ticks(PRECURSOR_S.get(mode, 0), spec.interval_s) if mode in PRECURSOR_S else 0
+    # a fault with a precursor may leave a CE ramp (fleethealth.taxonomy.PRECURSORS) inside its reservation
+    pre_max = spec_ticks(PRECURSORS[mode].ramp_s, spec.interval_s) if mode in PRECURSORS else 0
     ramp = bool(pre_max) and (spec.scenario == "slow-drift" or rng.random() < 0.5)
     pre = int(rng.integers(pre_max // 6, pre_max + 1)) if ramp else 0
     # A few faults share a host with another one on a different GPU (an application crash beside an

@@ -7,7 +7,7 @@ is what keeps the ML path cheap at fleet rates. A window yields a :class:`Window
 one row per GPU, one per network port, one for the host.
 
 Rates are per minute over the window's sample-time span. Counters are differenced with
-:func:`detectors.ml.counters.counter_delta` (no reset or wrap spikes); a ``boot_id`` change, a gap
+:func:`detectors.ml.counters.deltas` (the engine's counter_delta; no reset or wrap spikes); a ``boot_id`` change, a gap
 longer than ``max_gap_s`` or the first sample of a host re-baselines without emitting a window.
 Samples older than or equal to the host's last timestamp (duplicates, out of order) are skipped
 and counted in ``state.skipped``.
@@ -22,6 +22,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from detectors.engine.state import saturation
 from detectors.ml.counters import deltas
 from fleethealth.ids import normalise_pci as _normalise_pci
 from fleethealth.schema import GpuSample, NetPort, NvlinkCounters, Sample
@@ -360,6 +361,7 @@ def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
 
 _NP = len(PORT_FEATURES)
 _ZERO_PORT = [0.0] * len(PORT_COUNTERS)
+_PORT_SATURATION = tuple(saturation(n) for n in PORT_COUNTERS)  # IB widths: detectors/engine/counters.yaml
 
 
 def _port_row(st: HostFeatureState, p: NetPort, per_min: float) -> list[float]:
@@ -368,7 +370,7 @@ def _port_row(st: HostFeatureState, p: NetPort, per_min: float) -> list[float]:
     cur = [c.get(n) for n in PORT_COUNTERS]
     prev = st.port_snap.get(key)
     if prev != cur:
-        d = deltas(prev, cur)
+        d = deltas(prev, cur, _PORT_SATURATION)
         st.port_snap[key] = cur
         row = [x * per_min for x in d]
         row[2] = float(d[2])  # link_downed: a count, not a rate

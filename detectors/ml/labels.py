@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from detectors.ml.features import WindowFeatures, pci_key
+from fleethealth.taxonomy import PRECURSORS
 
 HEALTHY = "healthy"
 NOT_SCORED = frozenset({"host_unreachable", "healthy"})  # no telemetry to learn from
@@ -36,11 +37,6 @@ NOT_SCORED = frozenset({"host_unreachable", "healthy"})  # no telemetry to learn
 EVENT_SPAN_S: dict[str, float] = {
     "gpu_dram_uce": 0.0, "gpu_sram_uce": 0.0, "host_dram_uce": 0.0, "pcie_fatal": 30.0, "app_error": 10.0,
     "gpu_hw_error": 20.0, "gpu_gsp_error": 120.0,
-}
-# a UCE may be preceded by a correctable-error ramp on the same part: (storm mode it resembles, how long)
-PRECURSOR: dict[str, tuple[str, float]] = {
-    "gpu_dram_uce": ("gpu_ecc_sbe_storm", 6 * 3600.0), "gpu_row_remap_failure": ("gpu_ecc_sbe_storm", 3 * 3600.0),
-    "host_dram_uce": ("host_dram_ce_storm", 6 * 3600.0),
 }
 SETTLE_S = 120.0  # training: rows this long after a fault's end are not trained on
 
@@ -62,8 +58,8 @@ def training_label(f: Fault, t0: float, t1: float) -> str | None | bool:
     """The label a training row of window (t0, t1] gets from fault ``f`` on its component:
     a mode, None (do not train on the row), or False (the fault says nothing about this window)."""
     end = f.end if f.end is not None else math.inf
-    pre = PRECURSOR.get(f.failure_mode)
-    if pre is not None and f.start - pre[1] <= t1 and t1 < f.start:
+    pre = PRECURSORS.get(f.failure_mode)  # a UCE's correctable-error ramp: not trained on
+    if pre is not None and f.start - pre.ramp_s <= t1 and t1 < f.start:
         return None
     if t0 > end + SETTLE_S or t1 < f.start:
         return False
@@ -141,7 +137,7 @@ class FaultIndex:
             kind, i = self._where(f, gpu_of, port_of)
             if f.overlaps(w.t0, w.ts, self.grace_s):
                 out[kind][i].update(f.secondary)
-            pre = PRECURSOR.get(f.failure_mode)
-            if pre is not None and f.start - pre[1] <= w.ts < f.start + self.grace_s:
-                out[kind][i].add(pre[0])
+            pre = PRECURSORS.get(f.failure_mode)
+            if pre is not None and f.start - pre.ramp_s <= w.ts < f.start + self.grace_s:
+                out[kind][i].add(pre.storm)
         return out

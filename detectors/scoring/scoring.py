@@ -8,8 +8,8 @@ Matching (one detection = one incident episode, taken at its ``open``):
 * a detection of a mode the truth lists as the fault's ``secondary`` (a GPU falling off the bus
   also raises AER fatal) is *explained*: correct for precision, not counted toward that mode's recall;
 * a predictive mode (a correctable-error storm) on the component of a later uncorrectable fault,
-  within ``PRECURSOR_S`` before its onset, is *explained* as its precursor (the simulator's truth
-  says the CE ramp is that fault's evidence);
+  within that fault's ramp before its onset (``fleethealth.taxonomy.PRECURSORS``), is *explained*
+  as its precursor (the simulator's truth says the CE ramp is that fault's evidence);
 * everything else is a false positive.
 
 Per failure mode: precision = correct detections / detections, recall = faults matched by at
@@ -35,13 +35,10 @@ from fleethealth.bus import BusError, iter_jsonl
 from fleethealth.errors import UserError
 from fleethealth.recordings import read_truth, truth_path
 from fleethealth.schema import ContractError, Incident, decode_sample
-from fleethealth.taxonomy import DRAIN_WORTHY, FAULT_LABELS
+from fleethealth.taxonomy import DRAIN_WORTHY, FAULT_LABELS, PRECURSORS
 
 SLACK_S = 120.0
 GRACE_S = 900.0
-PRECURSOR_S = 6 * 3600.0
-PRECURSOR_OF = {"gpu_ecc_sbe_storm": ("gpu_dram_uce", "gpu_row_remap_failure", "gpu_row_remap_pending"),
-                "host_dram_ce_storm": ("host_dram_uce",)}
 
 
 @dataclass(slots=True)
@@ -134,6 +131,13 @@ def _same_component(a: str, b: str) -> bool:
     return a.lower() == b.lower()
 
 
+def _precursor_of(d: Detection, f: TruthFault) -> bool:
+    """Whether ``d`` is the correctable-error ramp before fault ``f`` (fleethealth.taxonomy.PRECURSORS)."""
+    p = PRECURSORS.get(f.mode)
+    return (p is not None and p.storm == d.mode and f.onset - p.ramp_s <= d.first_seen <= f.end
+            and _same_component(d.component, f.component))
+
+
 def detections_of(incidents: Iterable[Incident]) -> list[Detection]:
     seen: dict[str, Detection] = {}
     for inc in incidents:
@@ -176,8 +180,7 @@ def score(truth: list[TruthFault], incidents: Iterable[Incident], hosts: Iterabl
         if sec:
             d.verdict, d.matched = "secondary", sec[0].id
             continue
-        pre = [f for f in by_host.get(d.host, ()) if f.mode in PRECURSOR_OF.get(d.mode, ())
-               and f.onset - PRECURSOR_S <= d.first_seen <= f.end and _same_component(d.component, f.component)]
+        pre = [f for f in by_host.get(d.host, ()) if _precursor_of(d, f)]
         if pre:
             d.verdict, d.matched = "precursor", pre[0].id
     modes: dict[str, dict[str, Any]] = {}

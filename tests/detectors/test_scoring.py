@@ -39,6 +39,27 @@ def test_matching_rules():
     assert meets_quality_bar(card)
 
 
+def test_a_storm_in_the_ramp_before_a_uce_is_its_precursor():
+    """fleethealth.taxonomy.PRECURSORS: 6 h before a DRAM UCE, 3 h before a row-remap failure, on
+    the same part; a storm before a pending row remap (no ramp in the table) is a false one."""
+    h = 3600.0
+    t0 = 100 * h
+    truth = [TruthFault("U", "a", "GPU-1", "gpu_dram_uce", t0, t0 + h),
+             TruthFault("R", "b", "GPU-1", "gpu_row_remap_failure", t0, t0 + h),
+             TruthFault("P", "c", "GPU-1", "gpu_row_remap_pending", t0, t0 + h),
+             TruthFault("D", "d", "DIMM_A1", "host_dram_uce", t0, t0 + h)]
+    incs = [inc("1", "a", "GPU-1", "gpu_ecc_sbe_storm", t0 - 5 * h),   # inside the 6 h ramp
+            inc("2", "a", "GPU-2", "gpu_ecc_sbe_storm", t0 - 1 * h),   # another GPU
+            inc("3", "b", "GPU-1", "gpu_ecc_sbe_storm", t0 - 2 * h),   # inside the 3 h ramp
+            inc("4", "b", "GPU-1", "gpu_ecc_sbe_storm", t0 - 4 * h),   # before it
+            inc("5", "c", "GPU-1", "gpu_ecc_sbe_storm", t0 - 1 * h),
+            inc("6", "d", "DIMM_A1", "host_dram_ce_storm", t0 - 6 * h)]
+    card = score(truth, incs, hosts=["a", "b", "c", "d"])
+    storm = card["modes"]["gpu_ecc_sbe_storm"]
+    assert (storm["detections"], storm["false_positives"]) == (5, 3)
+    assert card["modes"]["host_dram_ce_storm"]["false_positives"] == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smoke-64h", "driver-update-32h", "flapping-cable-16h", "sbe-storm-no-uce-16h",
                                   "hard-cases-24h", "fleet-128h-1d"])

@@ -1,5 +1,6 @@
 """The detect worker on the in-process bus and on the real Kafka broker: incidents out, dead
-letters with reasons, offsets committed only after the batch's incidents are flushed."""
+letters with reasons (the worker's decode loop is the one that dead-letters telemetry), offsets
+committed only after the batch's incidents are flushed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from detectors.engine.engine import DetectorEngine
 from detectors.worker.metrics import DetectMetrics
 from detectors.worker.worker import DetectWorker
-from fleethealth.bus import DEADLETTER, INCIDENTS, TELEMETRY, InProcessBus
+from fleethealth.bus import DEADLETTER, DEFAULT_PARTITIONS, INCIDENTS, TELEMETRY, InProcessBus, partition_for
 from fleethealth.schema import decode_incident, encode
 from simulator.fixtures import HostSeries
 
@@ -37,6 +38,7 @@ def test_worker_publishes_incidents_and_dead_letters_and_carries_on():
         bus.publish(TELEMETRY, s.host, encode(s))
     bus.publish(TELEMETRY, "w-1", b'{"host": "w-1", "ts": "yesterday"}')
     bus.publish(TELEMETRY, "w-1", b"\xff\xfe not json")
+    bus.publish(TELEMETRY, "w-1", b'{"v":9,"host":"w-1"}')
     bus.publish(TELEMETRY, "other", encode(samples[3]))  # key does not match the host
     for s in samples[3:]:
         bus.publish(TELEMETRY, s.host, encode(s))
@@ -47,14 +49,15 @@ def test_worker_publishes_incidents_and_dead_letters_and_carries_on():
     assert [(i.failure_mode, i.state) for i in incs] == [("gpu_dram_uce", "open")]
     assert all(r.key == "w-1" for r in bus.records(INCIDENTS))
     dead = [msgspec.json.decode(r.value) for r in bus.records(DEADLETTER)]
-    assert len(dead) == 3 and w.stats.dead_letters == 3
-    reasons = sorted(d["reason"] for d in dead)
-    assert "does not match host" in reasons[0]
-    assert "$.ts" in reasons[1] or "$.ts" in reasons[2]
-    assert any("not valid JSON" in r for r in reasons)
-    assert all(d["source_topic"] == TELEMETRY and d["payload_size"] > 0 for d in dead)
+    assert len(dead) == 4 and w.stats.dead_letters == 4
+    # each names its record (topic, partition, offset: w-1's follow its 3 good samples) and the group
+    assert all(d["source_topic"] == TELEMETRY and d["consumer"] == w.group and d["payload_size"] > 0 for d in dead)
+    at = {d["offset"]: d["reason"] for d in dead if d["partition"] == partition_for("w-1", DEFAULT_PARTITIONS)}
+    assert sorted(at) == [3, 4, 5]
+    assert "$.ts" in at[3] and "not valid JSON" in at[4] and "unsupported schema version 9" in at[5]
+    assert [d["reason"] for d in dead if d["key"] == "other"] == ["message key 'other' does not match host 'w-1'"]
     text = __import__("prometheus_client").generate_latest(metrics.registry).decode()
-    assert 'fleethealth_detect_dead_letters_total{reason="telemetry sample"} 2.0' in text
+    assert 'fleethealth_detect_dead_letters_total{reason="telemetry sample"} 3.0' in text
     assert 'fleethealth_detect_incidents_total{failure_mode="gpu_dram_uce",state="open"} 1.0' in text
     assert 'fleethealth_detect_last_sample_age_seconds{host="w-1"}' in text
 
@@ -88,32 +91,49 @@ def test_two_workers_of_a_group_split_hosts_and_each_detects_its_own():
     assert {decode_incident(r.value).host for r in bus.records(INCIDENTS)} == set(hosts)
 
 
+def _read(bus, topic, group, n, timeout_s=30.0):
+    """At least ``n`` records of ``topic`` (what arrived within ``timeout_s``)."""
+    c = bus.consumer([topic], group)
+    got = []
+    deadline = time.time() + timeout_s
+    while len(got) < n and time.time() < deadline:
+        got += c.poll(timeout=1.0)
+    c.close()
+    return got
+
+
 @pytest.mark.kafka
-def test_worker_on_real_kafka(kafka_bootstrap):
-    from fleethealth.kafka_bus import KafkaBus, ensure_topics
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_worker_on_real_kafka(kafka_bootstrap, client):
+    from fleethealth.config import kafka_bus
+    from fleethealth.kafka_bus import ensure_topics
 
     tag = uuid.uuid4().hex[:8]
     topics = {"t": f"{tag}.telemetry", "i": f"{tag}.incidents", "d": f"{tag}.deadletter"}
     ensure_topics(kafka_bootstrap, list(topics.values()), partitions=2)
-    bus = KafkaBus(kafka_bootstrap)
+    bus = kafka_bus(kafka_bootstrap, client)
     try:
         for s in _uce_stream(f"k-{tag}"):
             bus.publish(topics["t"], s.host, encode(s))
-        bus.publish(topics["t"], f"k-{tag}", b"{broken")
+        host = f"k-{tag}"
+        for bad in (b"{broken", b'{"v":7,"host":"%s"}' % host.encode(),
+                    b'{"v":1,"host":"%s","ts":1,"seq":"x","collector_version":"a"}' % host.encode()):
+            bus.publish(topics["t"], host, bad)
         bus.flush()
         w = DetectWorker(bus, DetectorEngine(), group=f"g-{tag}", topic=topics["t"], incidents_topic=topics["i"],
                          deadletter_topic=topics["d"], idle_tick=False, poll_timeout=1.0)
         deadline = time.time() + 60
-        while (w.stats.samples < 6 or w.stats.dead_letters < 1) and time.time() < deadline:
+        while (w.stats.samples < 6 or w.stats.dead_letters < 3) and time.time() < deadline:
             w.run_once()
         w.close()
-        assert w.stats.samples == 6 and w.stats.dead_letters == 1
-        c = bus.consumer([topics["i"]], f"r-{tag}")
-        got = []
-        deadline = time.time() + 30
-        while not got and time.time() < deadline:
-            got = c.poll(timeout=1.0)
-        c.close()
+        assert w.stats.samples == 6 and w.stats.dead_letters == 3
+        letters = [msgspec.json.decode(r.value) for r in _read(bus, topics["d"], f"d-{tag}", 3)]
+        reasons = sorted(d["reason"] for d in letters)
+        assert any("not valid JSON" in r for r in reasons)
+        assert any("unsupported schema version 7" in r for r in reasons)
+        assert any("$.seq" in r for r in reasons)
+        assert all(d["source_topic"] == topics["t"] and d["offset"] is not None and d["key"] == host for d in letters)
+        got = _read(bus, topics["i"], f"r-{tag}", 1)
         inc = decode_incident(got[0].value)
         assert (inc.failure_mode, inc.state, got[0].key) == ("gpu_dram_uce", "open", f"k-{tag}")
         # the group committed: a new member of the same group finds nothing left to read

@@ -6,7 +6,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from detectors.ml.counters import counter_delta
+from detectors.engine.state import saturation
+from detectors.ml.counters import deltas, increment
 from detectors.ml.features import GI, GPU_FEATURES, PI, FeatureStream
 from fleethealth.schema import EccCounters, GpuSample, NetPort, NvlinkCounters, PcieLink, Sample
 
@@ -23,8 +24,18 @@ T0 = 1_767_225_600.0
     (3_000_000_000, 2_999_000_000, 0),  # backwards but not near the limit: reset, not a wrap
     (None, 5, 0), (5, None, 0),
 ])
-def test_counter_delta(old: int | None, new: int | None, want: int) -> None:
-    assert counter_delta(old, new) == want
+def test_counter_increment(old: int | None, new: int | None, want: int) -> None:
+    assert increment(old, new) == want
+    assert deltas([old, 0], [new, 0]) == [want, 0]
+
+
+def test_port_counters_saturate_at_their_width() -> None:
+    """The widths of detectors/engine/counters.yaml: a 4-bit counter stops at 15, an 8-bit one at 255;
+    pegged, it adds nothing; cleared from its peg, it re-baselines (no spike)."""
+    sat = [saturation("local_link_integrity_errors"), saturation("link_downed")]
+    assert deltas([12, 250], [15, 255], sat) == [3, 5]
+    assert deltas([15, 255], [15, 255], sat) == [0, 0]
+    assert deltas([15, 255], [2, 7], sat) == [0, 0]
 
 
 def _sample(i: int, *, ce: int = 0, ue: int = 0, sym: int = 0, boot: str = "b0", crc: int = 0,

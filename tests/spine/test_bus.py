@@ -13,7 +13,6 @@ from fleethealth.bus import (
     partition_for,
     topic_path,
 )
-from fleethealth.deadletter import decode_batch
 from fleethealth.schema import DEADLETTER as DL_CODEC
 from fleethealth.schema import decode_sample, encode
 from tests.spine.sample_factory import sample
@@ -142,23 +141,6 @@ def test_truncated_gzip_recording_is_a_clear_error(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(BusError, match="unreadable after line"):
         list(iter_jsonl(path))
-
-
-def test_bad_messages_go_to_dead_letter_and_good_ones_through():
-    bus = InProcessBus()
-    bus.publish(TELEMETRY, "h1", encode(sample(host="h1", gpus=1)))
-    bus.publish(TELEMETRY, "h1", b"\x00garbage")
-    bus.publish(TELEMETRY, "h1", b'{"v":9,"host":"h1"}')
-    bus.publish(TELEMETRY, "h1", encode(sample(host="h1", seq=2, gpus=1)))
-    recs = _drain(bus.consumer([TELEMETRY], "g"))
-    good, bad = decode_batch(recs, decode_sample, bus, "test-consumer")
-    assert [s.seq for _, s in good] == [1, 2]
-    assert bad == 2
-    letters = [DL_CODEC.decode(r.value) for r in bus.records(DEADLETTER)]
-    assert [dl.offset for dl in letters] == [1, 2]
-    assert "not valid JSON" in letters[0].reason
-    assert "unsupported schema version 9" in letters[1].reason
-    assert letters[0].source_topic == TELEMETRY and letters[0].consumer == "test-consumer"
 
 
 def test_one_dead_letter_builder_keeps_every_letter_inside_its_contract():
