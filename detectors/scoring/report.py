@@ -270,7 +270,7 @@ def _incidents(eps: list[Incident]) -> str:
                "of first sighting; times in UTC.</p>"
                + _table(["first seen", "last seen", "host", "component", "failure mode", "severity", "action",
                          "state", "detector", "evidence"], rows, cls="episodes",
-                        widths=(9, 9, 8, 11, 11, 6, 5, 6, 9, 26)) if eps else "")
+                        widths=(9, 9, 9, 11, 12, 6, 5, 7, 9, 23)) if eps else "")
             + "</section>")
 
 
@@ -287,7 +287,7 @@ def _remediation(actions: Sequence[ActionRecord], host_states: Mapping[str, str]
                if kinds else "<p>None.</p>")
             + (f"<h3>Actions</h3><p class='note'>{_shown(len(actions), MAX_ROWS, 'actions')}; times in UTC.</p>"
                + _table(["time", "host", "action", "outcome", "reason", "incident"],
-                        [[utc(a.ts), a.host, a.kind.replace("_", " "), a.outcome.replace("_", " "), a.reason,
+                        [[utc(a.ts), a.host, a.kind.replace("_", " "), outcome.get(a.outcome, a.outcome), a.reason,
                           a.incident_id] for a in actions[:MAX_ROWS]], cls="episodes",
                         widths=(10, 10, 9, 10, 36, 25)) if actions else "")
             + "</section>")
