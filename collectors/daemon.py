@@ -321,6 +321,14 @@ class Collector:
 
     def _pcie(self, sample: Sample) -> None:
         self._sysfs(sample, "pcie", lambda st: read_pcie(self.s.sysfs_root, st)[:256], "aer")
+        # the slot's capability for each GPU's NVML link: the upstream port of its PCI function
+        slots = {a.pci_addr: a for a in sample.aer if a.upstream_width_max is not None or a.upstream_gen_max is not None}
+        if not slots:
+            return
+        for g in sample.gpus:
+            a = slots.get(g.pci_bus_id)
+            if a is not None and g.pcie is not None:
+                g.pcie.slot_width_max, g.pcie.slot_gen_max = a.upstream_width_max, a.upstream_gen_max
 
     def _net(self, sample: Sample) -> None:
         self._sysfs(sample, "infiniband", lambda st: read_net_ports(self.s.sysfs_root, st)[:64], "net_ports")

@@ -48,6 +48,7 @@ from typing import Any
 from fleethealth.schema import (
     EccCounters,
     GpuSample,
+    GpuThermal,
     NvlinkCounters,
     PcieLink,
     RemappedRows,
@@ -62,6 +63,27 @@ MAX_LINKS = 32  # schema bound; NVML_NVLINK_MAX_LINKS is 36 in newer headers, 18
 ABSENT = ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "NO_PERMISSION", "VGPU_ECC_NOT_SUPPORTED")
 LOST_ON_IDENTITY = ("GPU_IS_LOST", "UNKNOWN", "GPU_NOT_FOUND", "RESET_REQUIRED")
 _FI_PCIE_REPLAY, _FI_PCIE_ROLLOVER = 94, 95
+_FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP: memory (HBM) temperature, degrees C
+# nvmlTemperatureThresholds_t: SHUTDOWN 0, SLOWDOWN 1, MEM_MAX 2, GPU_MAX 3 (nvml.h)
+_THRESHOLDS = (("shutdown_c", 0), ("slowdown_c", 1), ("mem_max_c", 2), ("gpu_max_c", 3))
+# nvmlEccSramErrorStatus_v1_t members -> EccCounters fields (docs.nvidia.com/deploy/nvml-api,
+# structnvmlEccSramErrorStatus__v1__t: uncorrectable SRAM errors by kind -- parity or SEC-DED --
+# volatile and aggregate, and the aggregate ones by the unit that reported them)
+_SRAM_STATUS = (("volatileUncParity", "sram_uncorrected_parity_volatile"),
+                ("volatileUncSecDed", "sram_uncorrected_secded_volatile"),
+                ("aggregateUncParity", "sram_uncorrected_parity_aggregate"),
+                ("aggregateUncSecDed", "sram_uncorrected_secded_aggregate"),
+                ("aggregateUncBucketL2", "sram_uncorrected_l2_aggregate"),
+                ("aggregateUncBucketSm", "sram_uncorrected_sm_aggregate"),
+                ("aggregateUncBucketPcie", "sram_uncorrected_pcie_aggregate"),
+                ("aggregateUncBucketMcu", "sram_uncorrected_mcu_aggregate"),
+                ("aggregateUncBucketOther", "sram_uncorrected_other_aggregate"))
+_NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData: not a MIG instance's event
+# nvmlBrandType_t -> the name nvidia-smi -q prints as "Product Brand"
+BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 4: "GRID", 5: "GeForce", 6: "Titan", 7: "NVIDIA Virtual Applications",
+          8: "NVIDIA Virtual PC", 9: "NVIDIA Virtual Compute Server", 10: "NVIDIA RTX Virtual Workstation",
+          11: "NVIDIA Cloud Gaming", 12: "Quadro RTX", 13: "NVIDIA RTX", 14: "NVIDIA", 15: "GeForce RTX",
+          16: "Titan RTX"}
 _FI_NVL5 = (("symbol_errors", 221), ("effective_errors", 219), ("recovery_events", 215))
 _ARCH_AMPERE, _ARCH_HOPPER, _ARCH_BLACKWELL = 7, 9, 10
 
@@ -169,6 +191,7 @@ class NvmlSource:
         self._registered: set[tuple[int, int]] = set()  # (generation, handle key)
         self._handle_uuid: dict[int, str] = {}  # handle key -> uuid (this generation)
         self._links_seen_up: dict[str, set[int]] = {}  # uuid -> links seen active since start
+        self._limits: dict[str, dict[str, float | None]] = {}  # uuid -> temperature thresholds
         self._lock = threading.Lock()
         self._inited = False
         self._released = False
@@ -429,14 +452,26 @@ class NvmlSource:
         if rr is not None:
             g.remapped_rows = RemappedRows(correctable=rr[0], uncorrectable=rr[1], pending=bool(rr[2]),
                                            failure=bool(rr[3]))
+            hist = self._call(errors, "remapper_histogram", "nvmlDeviceGetRowRemapperHistogram", h)
+            if hist is not None:
+                g.remapped_rows.hist_max, g.remapped_rows.hist_high = int(hist.max), int(hist.high)
+                g.remapped_rows.hist_partial, g.remapped_rows.hist_low = int(hist.partial), int(hist.low)
+                g.remapped_rows.hist_none = int(hist.none)
         elif arch is None or arch < _ARCH_AMPERE:
             # page retirement is the pre-Ampere mechanism; on Ampere+ (MIG, or a failed read) it is not
             # a fallback: the remap read failing is recorded, not papered over
             g.retired_pages = self._retired(h, errors)
         g.pcie = self._pcie(h, errors)
         g.nvlink = self._nvlink(h, g.uuid, arch, errors)
-        t = self._call(errors, "temperature", "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        t = self._temperature(h, errors)
         g.temperature_c = float(t) if t is not None else None
+        g.thermal = self._thermal(h, g.uuid, errors)
+        brand = self._call(errors, "brand", "nvmlDeviceGetBrand", h)
+        g.brand = BRANDS.get(int(brand)) if brand is not None else None
+        mode = self._call(errors, "ecc_mode", "nvmlDeviceGetEccMode", h)
+        if mode is not None:
+            on = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+            g.ecc_mode_current, g.ecc_mode_pending = mode[0] == on, mode[1] == on
         p = self._call(errors, "power", "nvmlDeviceGetPowerUsage", h)
         g.power_w = p / 1000.0 if p is not None else None
         u = self._call(errors, "utilization", "nvmlDeviceGetUtilizationRates", h)
@@ -445,6 +480,44 @@ class NvmlSource:
         if reasons is None:
             reasons = self._call(errors, "clocks_event_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         g.clocks_event_reasons = reasons
+
+    def _temperature(self, h: Any, errors: dict[str, str]) -> Any:
+        """``nvmlDeviceGetTemperatureV`` where the driver has it; ``nvmlDeviceGetTemperature`` (deprecated,
+        to be removed in CUDA 14) where it answers FunctionNotFound / NotSupported. A binding with
+        neither function is the collector's problem, not the device's: recorded, never "absent"."""
+        nv = self.nvml
+        sensor = nv.NVML_TEMPERATURE_GPU
+        has_v = getattr(nv, "nvmlDeviceGetTemperatureV", None) is not None
+        if has_v:
+            scratch: dict[str, str] = {}
+            t = self._call(scratch, "temperature", "nvmlDeviceGetTemperatureV", h, sensor)
+            if t is not None or scratch:
+                errors.update({k: v for k, v in scratch.items() if k not in errors})
+                return t
+        if getattr(nv, "nvmlDeviceGetTemperature", None) is None:
+            if not has_v:
+                errors.setdefault("temperature", "BINDING_HAS_NO_TEMPERATURE_CALL")
+            return None
+        return self._call(errors, "temperature", "nvmlDeviceGetTemperature", h, sensor)
+
+    def _thermal(self, h: Any, uuid: str, errors: dict[str, str]) -> GpuThermal | None:
+        """The driver's thresholds for this board (read once per board and session: they are
+        fixed by its VBIOS) and the memory temperature (field value 82), every poll."""
+        limits = self._limits.get(uuid)
+        if limits is None:
+            scratch: dict[str, str] = {}
+            limits = {}
+            for attr, kind in _THRESHOLDS:
+                v = self._call(scratch, "thresholds", "nvmlDeviceGetTemperatureThreshold", h, kind)
+                # 0 is what some boards answer for a limit they do not have: not a limit of 0 C
+                limits[attr] = float(v) if v else None
+            errors.update({k: v for k, v in scratch.items() if k not in errors})
+            if not scratch:  # a failed read is asked again next poll
+                self._limits[uuid] = limits
+        th = GpuThermal(**limits)
+        (mem,) = self._fields(h, errors, "memory_temperature", [_FI_MEMORY_TEMP])
+        th.memory_c = float(mem) if mem else None
+        return th if any(getattr(th, f) is not None for f in th.__struct_fields__) else None
 
     def _ecc(self, h: Any, errors: dict[str, str]) -> EccCounters | None:
         nv = self.nvml
@@ -475,6 +548,8 @@ class NvmlSource:
             # the C API takes a pointer and pynvml adds no byref: a Structure passed as is goes by value
             if self._call(errors, "sram_status", "nvmlDeviceGetSramEccErrorStatus", h, ctypes.byref(st)) is not None:
                 e.sram_threshold_exceeded = bool(st.bThresholdExceeded)
+                for member, attr in _SRAM_STATUS:
+                    setattr(e, attr, int(getattr(st, member)))
         return e if any_value or e.sram_threshold_exceeded is not None else None
 
     def _retired(self, h: Any, errors: dict[str, str]) -> RetiredPages | None:
@@ -607,11 +682,11 @@ class NvmlSource:
         events = self._events
         return self._lanes.submit("events", lambda _w: self._drain_events(events))
 
-    def _drain_events(self, events: Any) -> tuple[list[tuple[Any, int]], str | None]:
+    def _drain_events(self, events: Any) -> tuple[list[tuple[Any, int, int | None, int | None]], str | None]:
         """Non-blocking waits until TIMEOUT; any other error ends the drain (events already taken
         are kept) and is reported once, never spun on."""
         nv = self.nvml
-        got: list[tuple[Any, int]] = []
+        got: list[tuple[Any, int, int | None, int | None]] = []
         for _ in range(4096):
             try:
                 data = nv.nvmlEventSetWait_v2(events, 0)
@@ -620,7 +695,10 @@ class NvmlSource:
             except nv.NVMLError as exc:
                 return got, self.err_name(exc)
             if data.eventType & nv.nvmlEventTypeXidCriticalError:
-                got.append((data.device, int(data.eventData)))
+                gi = int(getattr(data, "gpuInstanceId", _NO_INSTANCE))
+                ci = int(getattr(data, "computeInstanceId", _NO_INSTANCE))
+                got.append((data.device, int(data.eventData), None if gi == _NO_INSTANCE else min(gi, 1_000_000),
+                            None if ci == _NO_INSTANCE else min(ci, 1_000_000)))
         return got, None
 
     def _event_uuid(self, device: Any) -> str | None:
@@ -648,14 +726,16 @@ class NvmlSource:
             out.errors.append(f"NVML event wait failed: {err} (every GPU's Xid events may be missed)")
         now = self.clock()
         by_uuid = {g.uuid: g for g in out.gpus if g.uuid}
-        for device, xid in got:
+        for device, xid, gi, ci in got:
             uuid = self._event_uuid(device)
             g = by_uuid.get(uuid) if uuid else None
             if g is None:
                 out.errors.append(f"NVML Xid {xid} on a GPU that cannot be identified")
                 continue
             if len(g.xids) < 4096:
-                g.xids.append(XidEvent(xid=min(xid, 1_000_000), ts=now, message="NVML Xid critical error event"))
+                where = "" if gi is None else f" on MIG GPU instance {gi}" + ("" if ci is None else f" compute instance {ci}")
+                g.xids.append(XidEvent(xid=min(xid, 1_000_000), ts=now, message=f"NVML Xid critical error event{where}",
+                                       gpu_instance=gi, compute_instance=ci))
 
     def close(self) -> None:
         self._teardown()

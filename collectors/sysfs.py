@@ -118,7 +118,38 @@ def read_pcie(sysfs_root: str | Path, stats: ReadStats, *, only: set[str] | None
             dev.link_width_current = _small(read_int(d / "current_link_width", stats))
             dev.link_width_max = _small(read_int(d / "max_link_width", stats))
         out.append(dev)
+    _link_upstream(base, out, stats)
     return out
+
+
+_PCI_ADDR = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _link_upstream(base: Path, devs: list[AerDevice], stats: ReadStats) -> None:
+    """Each endpoint's upstream port -- the bridge its function hangs below in the device tree
+    (``/sys/bus/pci/devices/ADDR`` links to ``/sys/devices/pci0000:00/<bridge>/ADDR``) -- and that
+    port's link capability (its ``max_link_width`` / ``max_link_speed``, LnkCap): what the slot
+    allows. A link as wide as the slot is slot-limited, not degraded. Bridges (devices something
+    hangs below) are left alone: their link runs to what is below them."""
+    parents: dict[str, str] = {}
+    for dev in devs:
+        try:
+            parent = os.path.basename(os.path.dirname(os.path.realpath(base / dev.pci_addr)))
+        except (OSError, ValueError):
+            continue
+        if _PCI_ADDR.match(parent) and parent != dev.pci_addr:
+            parents[dev.pci_addr] = parent
+    bridges = set(parents.values())
+    for dev in devs:
+        up = parents.get(dev.pci_addr)
+        if up is None or dev.pci_addr in bridges:
+            continue
+        port = Path(os.path.realpath(base / dev.pci_addr)).parent
+        dev.upstream = up
+        if (port / "max_link_width").exists():  # a host bridge above a root-complex device has none
+            dev.upstream_width_max = _small(read_int(port / "max_link_width", stats))
+        if (port / "max_link_speed").exists():
+            dev.upstream_gen_max = speed_to_gen(read_text(port / "max_link_speed", stats))
 
 
 NVIDIA_VENDOR = "0x10de"

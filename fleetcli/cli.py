@@ -41,6 +41,7 @@ every GPU host and `detect` / `remediate` as Kafka consumer groups. See README.m
 # modules' own registrations are held together by tests/spine/test_startup_imports.py).
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("collect", "fleetcli.commands.collect", "run the per-host collector daemon"),
+    ("reset-gpu", "fleetcli.commands.collect", "on a GPU host: reset a GPU with NVML released by the collector"),
     ("simulate", "fleetcli.commands.simulate", "write a labelled synthetic fleet recording"),
     ("replay", "fleetcli.commands.simulate", "stream a recording into the bus (and score it)"),
     ("diagnose", "fleetcli.commands.diagnose", "offline doctor for captured tool output and logs"),

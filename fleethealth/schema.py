@@ -21,7 +21,10 @@ SCHEMA_VERSION: Final = 1
 # rev 2: GpuSample.field_errors and .mig_enabled, EccCounters.total_*, NvlinkCounters.ecc_data and
 # the NVLink5 field counters (symbol_errors, effective_errors, recovery_events). Consumers decode
 # with forbid_unknown_fields, so they are upgraded before the collectors (docs/telemetry.md).
-SCHEMA_REVISION: Final = 2
+# rev 3: GpuSample.thermal (driver thresholds, memory temperature), .ecc_mode_current/_pending, .brand,
+# EccCounters SRAM by kind and unit, RemappedRows' remapper histogram, XidEvent MIG instance ids,
+# PcieLink.slot_* / AerDevice.upstream_* (the upstream port's link capability from sysfs).
+SCHEMA_REVISION: Final = 3
 MAX_MESSAGE_BYTES: Final = 1 << 20  # 1 MiB: a real 8-GPU sample is ~6 KiB
 MAX_GPUS: Final = 64
 MAX_PORTS: Final = 64
@@ -67,6 +70,16 @@ class EccCounters(_Base, kw_only=True):
     total_uncorrected_volatile: Count = None
     total_corrected_aggregate: Count = None
     total_uncorrected_aggregate: Count = None
+    # rev 3: nvmlDeviceGetSramEccErrorStatus by kind (parity vs SEC-DED) and, aggregate, by unit
+    sram_uncorrected_parity_volatile: Count = None
+    sram_uncorrected_secded_volatile: Count = None
+    sram_uncorrected_parity_aggregate: Count = None
+    sram_uncorrected_secded_aggregate: Count = None
+    sram_uncorrected_l2_aggregate: Count = None
+    sram_uncorrected_sm_aggregate: Count = None
+    sram_uncorrected_pcie_aggregate: Count = None
+    sram_uncorrected_mcu_aggregate: Count = None
+    sram_uncorrected_other_aggregate: Count = None
 
 
 class RemappedRows(_Base, kw_only=True):
@@ -74,6 +87,13 @@ class RemappedRows(_Base, kw_only=True):
     uncorrectable: Count = None
     pending: bool | None = None
     failure: bool | None = None
+    # rev 3: nvmlDeviceGetRowRemapperHistogram: banks by spare-row availability (max = every
+    # reserved row free ... none = no reserved row left: the next remap in such a bank fails)
+    hist_max: Count = None
+    hist_high: Count = None
+    hist_partial: Count = None
+    hist_low: Count = None
+    hist_none: Count = None
 
 
 class RetiredPages(_Base, kw_only=True):
@@ -91,6 +111,11 @@ class PcieLink(_Base, kw_only=True):
     width_max: Small | None = None
     replay_counter: Count = None
     replay_rollover: Count = None
+    # rev 3: the upstream port's (the slot's) link capability, from sysfs max_link_width /
+    # max_link_speed of the GPU function's parent bridge: a link narrower than the GPU's max but
+    # as wide as the slot allows is slot-limited, not degraded
+    slot_width_max: Small | None = None
+    slot_gen_max: Small | None = None
 
 
 class NvlinkCounters(_Base, kw_only=True):
@@ -115,6 +140,20 @@ class XidEvent(_Base, kw_only=True):
     ts: Ts
     pid: Pid | None = None
     message: Text = ""
+    # rev 3: the MIG instance the event belongs to (nvmlEventData gpuInstanceId / computeInstanceId);
+    # None when the GPU is not in MIG mode or the event is GPU-wide (0xFFFFFFFF)
+    gpu_instance: Small | None = None
+    compute_instance: Small | None = None
+
+
+class GpuThermal(_Base, kw_only=True):
+    """rev 3: the driver's own temperature limits for this board, and its memory temperature."""
+
+    memory_c: Gauge = None  # field value NVML_FI_DEV_MEMORY_TEMP (82): HBM temperature
+    slowdown_c: Gauge = None  # nvmlDeviceGetTemperatureThreshold(SLOWDOWN): the driver slows clocks
+    shutdown_c: Gauge = None  # ... (SHUTDOWN): the board powers off
+    gpu_max_c: Gauge = None  # ... (GPU_MAX): max operating temperature of the GPU
+    mem_max_c: Gauge = None  # ... (MEM_MAX): max operating temperature of the memory
 
 
 class GpuSample(_Base, kw_only=True):
@@ -139,6 +178,11 @@ class GpuSample(_Base, kw_only=True):
     # "not available" (e.g. {"remapped_rows": "CORRUPTED_INFOROM", "ecc": "UNKNOWN"}); the field is
     # then None *and* listed here. NotSupported / FunctionNotFound / NoPermission are never listed.
     field_errors: Annotated[dict[Name, Name], Meta(max_length=64)] = {}
+    # rev 3
+    thermal: GpuThermal | None = None
+    ecc_mode_current: bool | None = None  # nvmlDeviceGetEccMode: ECC on now
+    ecc_mode_pending: bool | None = None  # ... after the next reboot / GPU reset
+    brand: Name | None = None  # nvmlDeviceGetBrand as nvidia-smi spells it ("NVIDIA", "Tesla", "GeForce", ...)
     xids: Annotated[list[XidEvent], Meta(max_length=MAX_EVENTS)] = []
 
 
@@ -165,6 +209,10 @@ class AerDevice(_Base, kw_only=True):
     link_gen_max: Small | None = None
     link_width_current: Small | None = None
     link_width_max: Small | None = None
+    # rev 3: the parent bridge's (upstream port's) address and link capability
+    upstream: Name | None = None
+    upstream_width_max: Small | None = None
+    upstream_gen_max: Small | None = None
 
 
 class EdacDimm(_Base, kw_only=True):

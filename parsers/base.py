@@ -80,7 +80,9 @@ def coverage(p: Parsed) -> list[str]:
     for g in s.gpus:
         if not g.present or g.nvml_error:
             out.add("gpu")
-        if _any_value(g.ecc) or _any_value(g.remapped_rows) or _any_value(g.retired_pages):
+        # ECC switched off: its counters say nothing about the memory ("no ECC evidence")
+        if g.ecc_mode_current is not False and (
+                _any_value(g.ecc) or _any_value(g.remapped_rows) or _any_value(g.retired_pages)):
             out.add("gpu-memory")
         if g.xids:
             out.add("xid")

@@ -17,6 +17,7 @@ from parsers.base import (
     Parsed,
     ParseError,
     clamp_gauge,
+    is_na,
     new_parsed,
     pci_norm,
     to_count,
@@ -64,6 +65,10 @@ def _gpu(index: int, b: Node, warnings: list[str]) -> tuple[GpuSample, GpuInfo]:
     ecc_node = b.child("ECC Errors")
     if ecc_node is not None:
         gpu.ecc = _ecc(ecc_node)
+    gpu.ecc_mode_current = yes_no(b.get("ECC Mode", "Current"))
+    gpu.ecc_mode_pending = yes_no(b.get("ECC Mode", "Pending"))
+    brand = b.get("Product Brand")
+    gpu.brand = brand[:256] if brand and not is_na(brand) else None
     rp = b.child("Retired Pages")
     if rp is not None:
         gpu.retired_pages = _retired(rp)
@@ -76,6 +81,10 @@ def _gpu(index: int, b: Node, warnings: list[str]) -> tuple[GpuSample, GpuInfo]:
             pending=yes_no(rr.get("Pending")),
             failure=yes_no(rr.get("Remapping Failure Occurred")),
         )
+        hist = rr.child("Bank Remap Availability Histogram")
+        if hist is not None:  # "Max : 2560 bank(s)" ... "None : 0 bank(s)"
+            for key in ("Max", "High", "Partial", "Low", "None"):
+                setattr(gpu.remapped_rows, f"hist_{key.lower()}", to_count((hist.get(key) or "").split(" ")[0]))
         _remember(info, rr, "Uncorrectable Error", "Pending", "Remapping Failure Occurred")
     pci = b.child("PCI")
     if pci is not None:

@@ -16,6 +16,7 @@ from parsers.base import (
     Parsed,
     ParseError,
     clamp_gauge,
+    is_na,
     new_parsed,
     pci_norm,
     to_count,
@@ -73,6 +74,10 @@ def _gpu(index: int, g: ET.Element) -> tuple[GpuSample, GpuInfo]:
     ecc = g.find("ecc_errors")
     if ecc is not None:
         gpu.ecc = _ecc(ecc)
+    gpu.ecc_mode_current = yes_no(_text(g, "ecc_mode/current_ecc"))
+    gpu.ecc_mode_pending = yes_no(_text(g, "ecc_mode/pending_ecc"))
+    brand = _text(g, "product_brand")
+    gpu.brand = brand[:256] if brand and not is_na(brand) else None
     rp = g.find("retired_pages")
     if rp is not None and len(rp):
         pending = yes_no(_text(rp, "pending_blacklist"))

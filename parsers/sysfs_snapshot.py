@@ -46,7 +46,42 @@ def read_tree(folder: Path) -> dict[str, str]:
             except OSError:
                 continue  # vanished or unreadable mid-walk: skip, the rest still counts
             files[p.relative_to(root).as_posix()] = data.decode("utf-8", "replace")
+    _pci_links(root, files)
     return files
+
+
+def _pci_links(root: Path, files: dict[str, str]) -> None:
+    """A tree captured with its links (``cp -a``, ``tar``) has ``bus/pci/devices/ADDR`` pointing into
+    ``devices/pci0000:00/<bridge>/ADDR``: read the device's link files there, and name the bridge it
+    hangs below as ``bus/pci/devices/ADDR/.upstream`` (the collector reads the same from the live
+    tree). Links that leave the capture are not followed."""
+    base = root / "bus" / "pci" / "devices"
+    if not base.is_dir():
+        return
+    top = root.resolve()
+    for entry in sorted(base.iterdir())[:MAX_FILES]:
+        if not entry.is_symlink():
+            continue
+        try:
+            real = entry.resolve()
+            real.relative_to(top)
+        except (OSError, ValueError, RuntimeError):
+            continue
+        if not real.is_dir():
+            continue
+        key = f"bus/pci/devices/{entry.name}"
+        for f in _LINK_FILES:
+            try:
+                files.setdefault(f"{key}/{f}", (real / f).read_text(errors="replace")[:MAX_FILE_BYTES])
+            except OSError:
+                continue
+        if _ADDR.match(real.parent.name):
+            files[f"{key}/.upstream"] = real.parent.name
+
+
+_LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width", "class", "vendor",
+               "aer_dev_correctable", "aer_dev_fatal", "aer_dev_nonfatal")
+_ADDR = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 _IB = re.compile(r"^class/infiniband/(?P<dev>[^/]+)/ports/(?P<port>\d+)/(?P<rest>.+)$")
@@ -123,6 +158,16 @@ def parse_files(files: dict[str, str]) -> Parsed:
                     dev.link_width_current = w
                 else:
                     dev.link_width_max = w
+    # an endpoint's slot: the link capability of the bridge it hangs below (bridges themselves are
+    # left alone: their link runs to what is below them)
+    bridges = {files[k].strip() for k in files if k.endswith("/.upstream")}
+    for addr, dev in aer.items():
+        up = files.get(f"bus/pci/devices/{addr}/.upstream", "").strip()
+        port = aer.get(up)
+        if up and addr not in bridges:
+            dev.upstream = up[:256]
+            if port is not None:
+                dev.upstream_width_max, dev.upstream_gen_max = port.link_width_max, port.link_gen_max
     for (mcn, unit), d in sorted(dimms.items()):
         d.label = (labels.get((mcn, unit)) or f"mc{mcn}/{unit}")[:256]
         mcs[mcn].dimms.append(d)

@@ -40,6 +40,12 @@ class HookSettings(_S):
     post_repair_check: HookSpec = None
     post_repair_retry_s: Annotated[float, Meta(ge=10.0, le=DAY)] = 600.0  # after a failed check
     timeout_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 30.0
+    # Where remediation runs on the GPU host itself (``fleethealth run``, a per-host worker): the
+    # collector's pause file (its STATE_DIR/nvml.pause). The reset_gpu hook is then called only
+    # while NVML is released (fleethealth/nvml_pause.py) and the file is removed afterwards. On a
+    # fleet, the host-side ``fleethealth reset-gpu`` does the same around nvidia-smi -r.
+    nvml_pause_file: str | None = None
+    nvml_release_wait_s: Annotated[float, Meta(gt=0.0, le=600.0)] = 60.0
 
 
 class GuardSettings(_S):

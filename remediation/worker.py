@@ -31,17 +31,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from fleethealth.bus import ACTIONS, DEADLETTER, Bus, Consumer, Record
 from fleethealth.deadletter import dead_letter_for
+from fleethealth.nvml_pause import NvmlPauseError, nvml_paused
 from fleethealth.schema import ActionRecord, Evidence, Incident, decode_incident, encode
 from remediation import guards
 from remediation.common_cause import DETECTOR as CC_DETECTOR
 from remediation.common_cause import CommonCause
 from remediation.drainer import Drainer
-from remediation.hooks import OperatorHooks
+from remediation.hooks import HookResult, OperatorHooks
 from remediation.jobs import Job, JobControl, SlurmJobs, urgency_of
 from remediation.metrics import RemediationMetrics
 from remediation.policy import History, Policy, load_policy
@@ -296,10 +298,26 @@ class RemediationWorker:
                               f"no operator hook configured for {action}; request left to a person", key=key,
                               in_tx=done)]
         self.store.set_effect(key, inc.id, kind, target, "intent", self.clock())
-        res = self.hooks.call(action, fields, {"action": kind, **fields})
+        res = self._call_reset_hook(inc, fields) if action == "reset_gpu" else \
+            self.hooks.call(action, fields, {"action": kind, **fields})
         return [self.emit(inc, kind, target, "done" if res.ok else "failed",
                           f"{action} request handed to the operator hook ({state}): {res.detail}", key=key,
                           details={"hook": res.detail[:500], "node": node}, in_tx=done)]
+
+    def _call_reset_hook(self, inc: Incident, fields: dict[str, str]) -> HookResult:
+        """The reset hook, with NVML released around it where the collector's pause file is
+        configured (the collector must let go of the GPU or nvidia-smi -r refuses). No release
+        confirmed within the wait: no reset, the request fails with the reason."""
+        payload: dict[str, Any] = {"action": "reset_gpu", **fields}
+        hs = self.settings.remediation.hooks
+        if not hs.nvml_pause_file:
+            return self.hooks.call("reset_gpu", fields, payload)
+        try:
+            with nvml_paused(hs.nvml_pause_file, wait_s=hs.nvml_release_wait_s, owner=f"remediation {inc.id}"):
+                res = self.hooks.call("reset_gpu", fields, payload)
+        except NvmlPauseError as exc:
+            return HookResult(False, True, f"reset not requested: {exc}")
+        return HookResult(res.ok, res.configured, f"{res.detail} (NVML released around it: {hs.nvml_pause_file})")
 
     def _ticket(self, inc: Incident, priority: str, why: str, hist: History) -> list[ActionRecord]:
         target = f"{inc.host}/{inc.component}"

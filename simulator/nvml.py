@@ -29,6 +29,12 @@ per-architecture error tables      :data:`ARCH_ERRORS`: which calls answer NOT_S
 ``event_wait_error(code)``         nvmlEventSetWait answers that code (e.g. GPU_IS_LOST) instead of
                                    TIMEOUT, until cleared with ``event_wait_error(None)``
 ``init_error(code)``               nvmlInit fails (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, ...)
+``ecc_mode(g, cur, pending)``      ECC switched off / on, now and after the next reset
+``remap_banks(g, ...)``            the row-remapper histogram (banks by spare-row availability)
+``xid(g, x, gi=, ci=)``            an Xid event of one MIG instance (gpuInstanceId / computeInstanceId)
+temperature limits                 per-architecture thresholds (:data:`THRESHOLDS`); memory
+                                   temperature as field value 82; ``nvmlDeviceGetTemperatureV``
+                                   (``not_supported``/``field_error`` it to model an older driver)
 =================================  ==================================================================
 
 Faults (one method per failure mode): ``dram_uce``, ``sram_uce``, ``corrected``, ``sbe_storm``,
@@ -61,6 +67,7 @@ _CRC_FLIT, _CRC_DATA = pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_
 _REPLAY, _RECOVERY = pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY
 _ECC_DATA = pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA
 _FI_REPLAY, _FI_ROLLOVER = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER
+_FI_MEM_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
 _FI_NVL5 = (pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
             pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS)
 
@@ -72,12 +79,25 @@ _ARCH = {
     "volta": ("Tesla V100-SXM2-32GB", pynvml.NVML_DEVICE_ARCH_VOLTA, 3, 6, False),
 }
 
+# nvmlTemperatureThresholds_t -> C: SHUTDOWN, SLOWDOWN, MEM_MAX, GPU_MAX. A100 and H100 from real
+# nvidia-smi -q captures in ../shared/corpus (GPU Shutdown / Slowdown / Max Operating / Memory Max
+# Operating Temp: 92 / 89 / 85 / 95); Volta and Blackwell are the same order of values, not verified.
+THRESHOLDS: dict[str, dict[int, int]] = {
+    "blackwell": {0: 92, 1: 89, 2: 95, 3: 87},
+    "hopper": {0: 92, 1: 89, 2: 95, 3: 85},
+    "ampere": {0: 92, 1: 89, 2: 95, 3: 85},
+    "volta": {0: 90, 1: 87, 2: 85, 3: 83},
+}
+# banks of the row remapper (nvidia-smi "Bank Remap Availability Histogram": A100 640, H100 2560)
+_BANKS = {"blackwell": 2560, "hopper": 2560, "ampere": 640, "volta": 0}
+
 # (function, argument test) -> NOT_SUPPORTED, per architecture. The argument test gets the call's
 # arguments after the handle. Sources: NVML API reference (per-function "For ... or newer" notes),
 # DCGM/Datadog on Hopper NVLink counters (NVIDIA/DCGM#173, DataDog/datadog-agent#55966), NVLink5
 # error telemetry as field values (DCGM NvmlFieldRequiresNvLinkAggregate, dcgm-exporter#581).
 ARCH_ERRORS: dict[str, list[tuple[str, Any]]] = {
     "volta": [("nvmlDeviceGetRemappedRows", None), ("nvmlDeviceGetSramEccErrorStatus", None),
+              ("nvmlDeviceGetRowRemapperHistogram", None),
               ("nvmlDeviceGetMemoryErrorCounter", lambda a: a[2] == _SRAM),
               ("nvmlDeviceGetNvLinkErrorCounter", lambda a: a[1] == _ECC_DATA),
               ("field", lambda a: a[0] in _FI_NVL5)],
@@ -94,6 +114,7 @@ ARCH_ERRORS: dict[str, list[tuple[str, Any]]] = {
 _MIG_ERRORS: list[tuple[str, Any]] = [
     ("nvmlDeviceGetMemoryErrorCounter", lambda a: a[1] == _VOLATILE),
     ("nvmlDeviceGetRemappedRows", None), ("nvmlDeviceGetUtilizationRates", None),
+    ("nvmlDeviceGetRowRemapperHistogram", None),
 ]
 
 
@@ -122,6 +143,11 @@ class SimGpu:
     remapping: bool
     ecc: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (type, counter, location)
     sram_threshold: bool = False
+    sram_parity: bool = False  # uncorrectable SRAM errors counted as parity (else SEC-DED)
+    sram_unit: dict[str, int] = field(default_factory=dict)  # "L2"/"Sm"/"Pcie"/"Mcu"/"Other" -> count
+    ecc_mode: list[int] = field(default_factory=lambda: [1, 1])  # current, pending (ENABLED = 1)
+    banks: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])  # max, high, partial, low, none
+    mem_temp: float = 40.0
     remap: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
     retired_sbe: list[int] = field(default_factory=list)
     retired_dbe: list[int] = field(default_factory=list)
@@ -172,7 +198,7 @@ class SimNvml:
         self.idle_downclock = idle_downclock
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._events: list[tuple[int, int, int]] = []  # (serial, event type, data)
+        self._events: list[tuple[int, int, int, int, int]] = []  # (serial, event type, data, gi, ci)
         self._event_sets: dict[int, set[int]] = {}  # set address -> registered device serials
         self._set_bufs: dict[int, Any] = {}
         self._inited = 0
@@ -192,6 +218,8 @@ class SimNvml:
             g = SimGpu(serial=i, uuid=uuid, bus_id=f"00000000:{bus:02X}:00.0", name=name, arch=arch,
                        gen_max=gen_max, gen_cur=gen_max, gen_trained=gen_max, links=links, remapping=remapping,
                        link_up=[1] * links, temp=40.0 + self._rng.random() * 10)
+            g.banks[0] = _BANKS[arch]
+            g.mem_temp = g.temp + 5
             g.handle_buf = ctypes.c_uint64(i)  # a real c_nvmlDevice_t pointing at memory this object owns
             g.handle = ctypes.cast(ctypes.pointer(g.handle_buf), pynvml.c_nvmlDevice_t)
             self._by_addr[ctypes.addressof(g.handle_buf)] = g
@@ -338,9 +366,13 @@ class SimNvml:
         if not isinstance(st, pynvml.c_nvmlEccSramErrorStatus_v1_t) or st.version != pynvml.nvmlEccSramErrorStatus_v1:
             raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         unc = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        st.aggregateUncSecDed = g.ecc.get((unc, _AGGREGATE, _SRAM), 0)
-        st.volatileUncSecDed = g.ecc.get((unc, _VOLATILE, _SRAM), 0)
+        kind = "Parity" if g.sram_parity else "SecDed"
+        setattr(st, f"aggregateUnc{kind}", g.ecc.get((unc, _AGGREGATE, _SRAM), 0))
+        setattr(st, f"volatileUnc{kind}", g.ecc.get((unc, _VOLATILE, _SRAM), 0))
         st.aggregateCor = g.ecc.get((pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, _AGGREGATE, _SRAM), 0)
+        st.volatileCor = g.ecc.get((pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, _VOLATILE, _SRAM), 0)
+        for unit, n in g.sram_unit.items():
+            setattr(st, f"aggregateUncBucket{unit}", n)
         st.bThresholdExceeded = int(g.sram_threshold)
         return pynvml.NVML_SUCCESS
 
@@ -349,6 +381,19 @@ class SimNvml:
         if not g.remapping:
             raise _err(_NS)
         return (g.remap[0], g.remap[1], g.remap[2], g.remap[3])
+
+    def nvmlDeviceGetRowRemapperHistogram(self, h: Any) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetRowRemapperHistogram")
+        v = pynvml.c_nvmlRowRemapperHistogramValues()
+        v.max, v.high, v.partial, v.low, v.none = g.banks
+        return v
+
+    def nvmlDeviceGetBrand(self, h: Any) -> int:
+        g = self._gpu(h, "nvmlDeviceGetBrand")
+        return pynvml.NVML_BRAND_TESLA if g.arch == "volta" else pynvml.NVML_BRAND_NVIDIA  # as nvidia-smi shows them
+
+    def nvmlDeviceGetEccMode(self, h: Any) -> list[int]:
+        return list(self._gpu(h, "nvmlDeviceGetEccMode").ecc_mode)
 
     def nvmlDeviceGetRetiredPages(self, h: Any, cause: int) -> list[int]:
         g = self._gpu(h, "nvmlDeviceGetRetiredPages")
@@ -407,6 +452,9 @@ class SimNvml:
             elif fid == _FI_ROLLOVER:
                 v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 v.value.uiVal = g.replays >> 32
+            elif fid == _FI_MEM_TEMP:
+                v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                v.value.uiVal = int(g.mem_temp)
             elif fid in _FI_NVL5 and 0 <= scope < g.links:
                 v.value.ullVal = g.nvl5.get((fid, scope), 0)
             else:
@@ -417,6 +465,18 @@ class SimNvml:
 
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         return int(self._gpu(h, "nvmlDeviceGetTemperature").temp)
+
+    def nvmlDeviceGetTemperatureV(self, h: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:
+        if version != pynvml.nvmlTemperature_v1:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return int(self._gpu(h, "nvmlDeviceGetTemperatureV").temp)
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: Any, threshold: int) -> int:
+        g = self._gpu(h, "nvmlDeviceGetTemperatureThreshold", threshold)
+        t = THRESHOLDS[g.arch].get(threshold)
+        if t is None:
+            raise _err(_NS)  # acoustic / GPS thresholds: not on these boards
+        return t
 
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
@@ -480,13 +540,13 @@ class SimNvml:
                 raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             if self._wait_error is not None:
                 raise _err(self._wait_error)
-            for i, (serial, etype, data) in enumerate(self._events):
+            for i, (serial, etype, data, gi, ci) in enumerate(self._events):
                 if serial in regs:
                     del self._events[i]
                     ev = pynvml.c_nvmlEventData_t()
                     ev.device = self.gpus[serial].handle
                     ev.eventType, ev.eventData = etype, data
-                    ev.gpuInstanceId = ev.computeInstanceId = 0xFFFFFFFF
+                    ev.gpuInstanceId, ev.computeInstanceId = gi, ci
                     return ev
         if timeout_ms:
             time.sleep(min(timeout_ms, 50) / 1000)
@@ -542,9 +602,9 @@ class SimNvml:
 
     # ------------------------------------------------------------------ faults
 
-    def _queue_xid(self, gpu: int, xid: int) -> None:
+    def _queue_xid(self, gpu: int, xid: int, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> None:
         with self._lock:
-            self._events.append((gpu, int(pynvml.nvmlEventTypeXidCriticalError), xid))
+            self._events.append((gpu, int(pynvml.nvmlEventTypeXidCriticalError), xid, gi, ci))
 
     def _bump_ecc(self, gpu: int, err_type: int, loc: int, n: int) -> None:
         g = self.gpus[gpu]
@@ -552,8 +612,23 @@ class SimNvml:
             key = (err_type, counter, loc)
             g.ecc[key] = g.ecc.get(key, 0) + n
 
-    def xid(self, gpu: int, xid: int) -> None:
-        self._queue_xid(gpu, xid)
+    def xid(self, gpu: int, xid: int, *, gi: int | None = None, ci: int | None = None) -> None:
+        """An Xid event; ``gi``/``ci``: the MIG GPU / compute instance it belongs to (GPU-wide:
+        0xFFFFFFFF, what the driver puts there outside MIG)."""
+        self._queue_xid(gpu, xid, 0xFFFFFFFF if gi is None else gi, 0xFFFFFFFF if ci is None else ci)
+
+    def ecc_mode(self, gpu: int, current: bool, pending: bool | None = None) -> None:
+        """ECC on/off now, and after the next reset (``nvidia-smi -e 0`` sets pending only)."""
+        self.gpus[gpu].ecc_mode = [int(current), int(current if pending is None else pending)]
+
+    def remap_banks(self, gpu: int, *, high: int = 0, partial: int = 0, low: int = 0, none: int = 0) -> None:
+        """Banks that used up some (high, partial), most (low) or all (none) of their spare rows."""
+        g = self.gpus[gpu]
+        total = _BANKS[g.arch]
+        g.banks = [max(0, total - high - partial - low - none), high, partial, low, none]
+
+    def hbm_temperature(self, gpu: int, temp_c: float) -> None:
+        self.gpus[gpu].mem_temp = temp_c
 
     def fall_off_bus(self, gpu: int, how: str = "lost") -> None:
         """Xid 79; then every call answers GPU_IS_LOST (``how="lost"``) or the handle UNKNOWN."""
@@ -575,9 +650,15 @@ class SimNvml:
             g.retired_pending = 1
             self._queue_xid(gpu, 48)
 
-    def sram_uce(self, gpu: int, n: int = 1, *, threshold: bool = False, contained: bool = True) -> None:
+    def sram_uce(self, gpu: int, n: int = 1, *, threshold: bool = False, contained: bool = True,
+                 unit: str = "Other", parity: bool = False) -> None:
+        """``unit``: the SRAM bucket that reported it (L2, Sm, Pcie, Mcu, Other); ``parity``: a parity
+        error rather than a SEC-DED one."""
         self._bump_ecc(gpu, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _SRAM, n)
-        self.gpus[gpu].sram_threshold = self.gpus[gpu].sram_threshold or threshold
+        g = self.gpus[gpu]
+        g.sram_threshold = g.sram_threshold or threshold
+        g.sram_parity = parity
+        g.sram_unit[unit] = g.sram_unit.get(unit, 0) + n
         self._queue_xid(gpu, 94 if contained else 95)
 
     def corrected(self, gpu: int, n: int = 1, location: str = "dram") -> None:
@@ -666,6 +747,7 @@ class SimNvml:
             if g.reasons & (_REASON_HW_THERMAL | _REASON_SW_THERMAL):
                 continue
             g.temp = min(85.0, max(30.0, g.temp + self._rng.uniform(-1.0, 1.0)))
+            g.mem_temp = min(85.0, max(30.0, g.temp + 5.0))
             g.power_mw = int(min(700_000, max(60_000, g.power_mw + self._rng.uniform(-20_000, 20_000))))
             g.util = self._rng.randint(0, 100)
             g.reasons = _REASON_IDLE if g.util < 5 else 0

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from fleethealth.schema import GpuSample, KernelEvent, Sample, XidEvent
+from fleethealth.schema import GpuSample, GpuThermal, KernelEvent, Sample, XidEvent
 from parsers.base import Fact, Parsed
 
 KERNEL_FORMATS = ("kernel-log",)
@@ -37,10 +37,15 @@ def to_contract(p: Parsed, host: str | None = None) -> tuple[Sample, list[Fact]]
     if p.format == "lspci-vvv":
         # lspci's UESta/CESta are sticky status bits, not counters: they travel as facts only
         sample.aer = [msgspec.structs.replace(a, correctable={}, fatal={}, nonfatal={}) for a in sample.aer]
-    for g in sample.gpus:
+    for k, g in enumerate(sample.gpus):
         gi = p.gpu_info.get(g.index)
         if gi is None:
             continue
+        if g.thermal is None and any(v is not None for v in (gi.temp_slowdown_c, gi.mem_temp_c)):
+            # the board's limits as nvidia-smi printed them: what NVML's thresholds give the stream
+            sample.gpus[k] = g = msgspec.structs.replace(g, thermal=GpuThermal(
+                slowdown_c=gi.temp_slowdown_c, shutdown_c=gi.temp_shutdown_c, gpu_max_c=gi.temp_max_operating_c,
+                mem_max_c=gi.mem_max_operating_c, memory_c=gi.mem_temp_c))
         pl = g.pcie
         attrs: dict[str, Any] = {
             "index": g.index, "pstate": (gi.pstate or "").upper() or None, "idle": bool(gi.throttle.get("Idle")),
@@ -65,7 +70,9 @@ def to_contract(p: Parsed, host: str | None = None) -> tuple[Sample, list[Fact]]
         facts.append(Fact("pci_link", dev.pci_addr, {
             "class": cls, "bridge": bool(cls and cls.lower().endswith("bridge")),
             "width_current": dev.link_width_current, "width_max": dev.link_width_max,
-            "gen_current": dev.link_gen_current, "gen_max": dev.link_gen_max}, lnk.get(dev.pci_addr, "")))
+            "gen_current": dev.link_gen_current, "gen_max": dev.link_gen_max,
+            # the slot's capability is in the sample: the stream rule pcie.aer.width-slot judges it
+            "slot_known": dev.upstream_width_max is not None}, lnk.get(dev.pci_addr, "")))
     by_name = {_gpu_name(g): i for i, g in enumerate(sample.gpus)}
     by_name.update({f"gpu{g.index}": i for i, g in enumerate(sample.gpus)})
     by_name.update({g.uuid: i for i, g in enumerate(sample.gpus) if g.uuid})

@@ -112,6 +112,8 @@ class _Gen:
                 test = "not e.present"
             elif ev.check_kind == "nvml_error":
                 test = "e.nvml_error is not None"
+            elif ev.check_kind == "nvml_unresponsive":
+                return [call]  # host scope, cheap: its own check every sample
             else:
                 # a GPU listed present=false is missing too (the interpreter counts present GPUs)
                 return [f"if mem[{s + 1}] is None or mem[{s}] or len(sample.gpus) < sample.expected_gpus"
@@ -155,10 +157,12 @@ def _inputs(ev: Evaluator) -> tuple[list[str], bool] | None:
     if isinstance(ev, ConditionRule):
         paths = [ev.expr.lhs] + ([ev.expr.rhs] if isinstance(ev.expr.rhs, Path) else [])
         attrs = [p.chain[0] for p in paths]
-        if ev.spec.params.get("when"):
-            from detectors.engine.expr import parse_expr
+        for key in ("when", "unless"):
+            if ev.spec.params.get(key):
+                from detectors.engine.expr import parse_expr
 
-            attrs.append(parse_expr(ev.spec.params["when"]).lhs.chain[0])
+                g = parse_expr(ev.spec.params[key])
+                attrs += [p.chain[0] for p in (g.lhs, g.rhs) if isinstance(p, Path)]
         return attrs, bool(set(attrs) & _gauges(ev.scope))
     if isinstance(ev, FlappingRule):
         return [ev.path.chain[0]], False

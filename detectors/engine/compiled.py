@@ -84,16 +84,16 @@ class Evaluator:
         raise NotImplementedError
 
 
-def _when(spec: RuleSpec, scope: str) -> Callable[[Any], bool] | None:
-    w = spec.params.get("when")
+def _when(spec: RuleSpec, scope: str, key: str = "when") -> Callable[[Any], bool] | None:
+    w = spec.params.get(key)
     if not w:
         return None
     try:
         e = parse_expr(w)
     except ExprError as exc:
-        raise spec.error("when", str(exc)) from None
+        raise spec.error(key, str(exc)) from None
     if e.scope != scope:
-        raise spec.error("when", f"'when' must read the rule's scope ({scope}), not {e.scope}")
+        raise spec.error(key, f"'{key}' must read the rule's scope ({scope}), not {e.scope}")
     return e.test
 
 
@@ -277,6 +277,7 @@ class ConditionRule(Evaluator):
             raise spec.error("for_samples", "for_samples must be at least 1")
         self.edge = bool(spec.params.get("edge", False))
         self.when = _when(spec, self.scope)
+        self.unless = _when(spec, self.scope, "unless")  # the guard's opposite: skip while it holds
         rhs = self.expr.rhs
         self.rhs_get = rhs.get if hasattr(rhs, "get") and not isinstance(rhs, frozenset) else None
 
@@ -291,7 +292,7 @@ class ConditionRule(Evaluator):
     def hit(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
             out: list[Finding]) -> None:
         """The expression holds: count persistence (and the ``when`` guard), then fire."""
-        if self.when is not None and not self.when(elem):
+        if (self.when is not None and not self.when(elem)) or (self.unless is not None and self.unless(elem)):
             if mem[self.slot]:
                 mem[self.slot] = 0
             return
@@ -331,8 +332,9 @@ class PresenceRule(Evaluator):
         self.check_kind = spec.params["check"]
         if self.check_kind not in PRESENCE_CHECKS:
             raise spec.error("check", f"check must be one of {', '.join(PRESENCE_CHECKS)}")
-        self.scope = "host" if self.check_kind == "gpu_count_below_expected" else "gpu"
-        self.values = frozenset(spec.params.get("values", ["GPU_IS_LOST"]))
+        self.scope = "host" if self.check_kind in ("gpu_count_below_expected", "nvml_unresponsive") else "gpu"
+        default = ["TIMEOUT"] if self.check_kind == "nvml_unresponsive" else ["GPU_IS_LOST"]
+        self.values = frozenset(spec.params.get("values", default))
         self.n = int(spec.params.get("for_samples", 1))
 
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
@@ -342,6 +344,9 @@ class PresenceRule(Evaluator):
             val = f"present=false, {elem.nvml_error or 'no NVML error'}, PCI {elem.pci_bus_id or 'unknown'}" if hit else ""
         elif self.check_kind == "nvml_error":
             hit, val = elem.nvml_error in self.values, elem.nvml_error
+        elif self.check_kind == "nvml_unresponsive":
+            self._unresponsive(mem, sample, out)
+            return
         else:
             self._count(mem, st, sample, out)
             return
@@ -351,6 +356,22 @@ class PresenceRule(Evaluator):
         c = mem[self.slot] = (mem[self.slot] or 0) + 1
         if c >= self.n:
             out.append(self.finding(sample, comp, value=val, count=c))
+
+    def _unresponsive(self, mem: list[Any], sample: Sample, out: list[Finding]) -> None:
+        """NVML as a whole does not answer: the collector's init / device-count lane missed its
+        deadline (source error "NVML unresponsive: ..."), or every GPU's read ended in one of
+        ``values`` (a hung call: TIMEOUT) -- a driver wedged in its lock, not one sick GPU. One
+        host-level finding after ``for_samples`` such polls in a row; any answering poll resets."""
+        why = next((e.error for e in sample.source_errors
+                    if e.source.startswith("nvml") and e.error.startswith("NVML unresponsive")), None)
+        if why is None and sample.gpus and all(g.nvml_error in self.values for g in sample.gpus):
+            why = f"every GPU's NVML read ended {'/'.join(sorted({str(g.nvml_error) for g in sample.gpus}))}"
+        if why is None:
+            mem[self.slot] = 0
+            return
+        c = mem[self.slot] = (mem[self.slot] or 0) + 1
+        if c >= self.n:
+            out.append(self.finding(sample, "host", value=why, count=c))
 
     def _count(self, mem: list[Any], st: HostState, sample: Sample, out: list[Finding]) -> None:
         known: dict[int, str] = mem[self.slot + 1] if mem[self.slot + 1] is not None else {}

@@ -43,6 +43,9 @@ _UNREACHABLE = frozenset({UNREACHABLE})
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+_RANK = {"info": 0, "minor": 1, "major": 2, "critical": 3}
+
+
 @dataclass(slots=True)
 class Precedence:
     model_max_confidence: float = 0.8
@@ -209,6 +212,8 @@ class DetectorEngine:
             ev = [Evidence(fact=f"[{f.failure_mode} absorbed from {f.component}] {e.fact}", ts=e.ts, line=e.line)
                   for e in f.evidence]
             ep = self.episodes.open[key]
+            if _RANK.get(ep.severity, 0) < _RANK.get(f.severity, 0):
+                continue  # a predictive (minor) episode never swallows an actionable finding
             return Finding(f.host, comp, mode, ep.severity, ep.confidence, ep.detector, f.ts, ev, [],
                            cluster=f.cluster, rack=f.rack)
         return None

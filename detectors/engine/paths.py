@@ -69,7 +69,7 @@ def _nested_type(typ: type, attr: str) -> type | None:
     from fleethealth import schema
 
     ann = str(typ.__annotations__.get(attr, ""))
-    for name in ("EccCounters", "RemappedRows", "RetiredPages", "PcieLink", "NvlinkCounters"):
+    for name in ("EccCounters", "RemappedRows", "RetiredPages", "PcieLink", "NvlinkCounters", "GpuThermal"):
         if name in ann:
             return getattr(schema, name)  # type: ignore[no-any-return]
     return None

@@ -32,6 +32,7 @@ KINDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "counter_rate": {"path": ((str,), True), "window_s": (NUM, True), "increase_gt": (NUM, False),
                      "rate_per_hour_gt": (NUM, False), "when": ((str,), False)},
     "condition": {"expr": ((str,), True), "for_samples": ((int,), False), "when": ((str,), False),
+                  "unless": ((str,), False),
                   "edge": ((bool,), False)},
     "flapping": {"path": ((str,), True), "window_s": (NUM, True), "changes_gt": ((int,), True)},
     "presence": {"check": ((str,), True), "values": ((list,), False), "for_samples": ((int,), False)},
@@ -59,7 +60,7 @@ COMMON = {"id", "kind", "failure_mode", "severity", "confidence", "evidence", "q
 # the lifetime value a capture shows) and ``confidence``.
 SNAPSHOT_KEYS = {"lifetime_gt", "confidence", "for_samples", "count_gt"}
 COMPONENT_NAMING = ("default", "pci")  # pci: a GPU-scope rule names the GPU's PCI address
-PRESENCE_CHECKS = ("gpu_count_below_expected", "not_present", "nvml_error")
+PRESENCE_CHECKS = ("gpu_count_below_expected", "not_present", "nvml_error", "nvml_unresponsive")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -38,7 +41,34 @@ FLEETHEALTH_SINK): without one it refuses to start (exit 2) instead of writing J
 """
 
 
+RESET_HELP = """\
+On a GPU host: reset one GPU with NVML released by the collector. nvidia-smi -r refuses while an NVML
+client holds the GPU, and the collector is one. This creates the collector's pause file
+(STATE_DIR/nvml.pause) exclusively, waits until the collector writes nvml.pause.released (it has
+freed its event set and shut NVML down), runs the reset command, and removes the pause file
+afterwards whatever happened; the collector takes NVML back at its next poll. Refused (exit 1,
+nothing reset) when another reset holds the pause or the collector does not confirm in --wait
+seconds; exit 2 for a GPU id that is not an index, a GPU-UUID or a PCI address. The GPU id reaches
+the reset command as one argument, never through a shell. The remediation's reset_gpu hook runs it
+on the host, e.g. ["srun", "-w", "{node}", "fleethealth", "reset-gpu", "{component}"].
+
+  fleethealth reset-gpu GPU-5d3c2a1e-0000-4c2a-9b1e-000000000000
+  fleethealth reset-gpu 3 --reset-command "nvidia-smi -r -i {gpu}"
+"""
+_GPU_ID = re.compile(r"^(?:\d{1,2}|GPU-[0-9a-fA-F-]{8,64}|[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$")
+
+
 def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
+    r = sub.add_parser("reset-gpu", help="reset a GPU with NVML released by the collector", description=RESET_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("gpu", help="GPU index, UUID (GPU-...) or PCI address (0000:3b:00.0)")
+    flag(r, "--state-dir", default="/var/lib/fleethealth", help="the collector's --state-dir (its nvml.pause)")
+    flag(r, "--nvml-pause-file", default=None, help="the collector's pause file (default STATE_DIR/nvml.pause)")
+    flag(r, "--wait", type=float, default=60.0, metavar="S", help="seconds to wait for the collector to let go")
+    flag(r, "--reset-command", default="nvidia-smi -r -i {gpu}",
+         help="the reset, split like a shell would (no shell runs it); {gpu} is the GPU id")
+    flag(r, "--reset-timeout", type=float, default=300.0, metavar="S", help="seconds the reset may take")
+    r.set_defaults(func=run_reset_gpu)
     p = sub.add_parser("collect", help="run the per-host collector daemon", description=COLLECT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     flag(p, "--simulate", action="store_true", help="use the simulated NVML and a built-in simulated host tree")
@@ -118,6 +148,36 @@ def _inject(args: argparse.Namespace, nvml: Any, sys_root: Path) -> None:
     for inj in inject.parse(specs, args.sim_gpus):
         inject.apply([inj], nvml, sys_root)
         log.info("injected %s on %s %d", inj.mode, "port" if inj.mode.startswith("net_") else "GPU", inj.gpu)
+
+
+def run_reset_gpu(args: argparse.Namespace) -> int:
+    from fleethealth.nvml_pause import NvmlPauseError, nvml_paused
+
+    if not _GPU_ID.match(args.gpu):
+        raise UserError(f"{args.gpu!r} is not a GPU index, a GPU-UUID or a PCI address")
+    try:
+        argv = [a.replace("{gpu}", args.gpu) for a in shlex.split(args.reset_command)]
+    except ValueError as exc:
+        raise UserError(f"--reset-command: {exc}") from exc
+    if not argv:
+        raise UserError("--reset-command is empty")
+    pause = args.nvml_pause_file or str(Path(args.state_dir) / "nvml.pause")
+    try:
+        with nvml_paused(pause, wait_s=args.wait, owner=f"reset-gpu {args.gpu}"):
+            try:
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=args.reset_timeout, check=False)
+            except FileNotFoundError:
+                print(f"reset-gpu {args.gpu}: command not found: {argv[0]}")
+                return 1
+            except subprocess.TimeoutExpired:
+                print(f"reset-gpu {args.gpu}: {argv[0]} did not finish in {args.reset_timeout:g}s")
+                return 1
+    except NvmlPauseError as exc:
+        print(f"reset-gpu {args.gpu}: not reset: {exc}")
+        return 1
+    words = " ".join((p.stdout.strip() + " " + p.stderr.strip()).split())[:500]
+    print(f"reset-gpu {args.gpu}: {argv[0]} exit {p.returncode} (NVML released around it){': ' + words if words else ''}")
+    return 0 if p.returncode == 0 else 1
 
 
 def run_collect(args: argparse.Namespace) -> int:

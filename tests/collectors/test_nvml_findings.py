@@ -46,7 +46,8 @@ def test_absent_codes_are_never_field_errors():
     sim = SimNvml(1)
     for fn, code in (("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_NOT_SUPPORTED),
                      ("nvmlDeviceGetRemappedRows", pynvml.NVML_ERROR_NO_PERMISSION),
-                     ("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)):
+                     ("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND),
+                     ("nvmlDeviceGetTemperatureV", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)):
         sim.field_error(0, fn, code)
     g = NvmlSource(sim).poll().gpus[0]
     assert g.power_w is None and g.remapped_rows is None and g.temperature_c is None and g.field_errors == {}

@@ -148,3 +148,37 @@ def test_the_pause_file_releases_nvml_and_its_removal_resumes(tmp_path):
     c.close()
     assert not Path(str(pause) + ".released").exists()
     assert [x.xid for x in s.gpus[1].xids] == [31] and all(g.present for g in s.gpus)
+
+
+def test_nvml_unresponsive_for_n_polls_is_one_host_finding(tmp_path, rules):
+    """A driver wedged in its lock (every NVML call blocks): the collector's deadline turns each poll
+    into "NVML unresponsive", and after the rule's for_samples (rule data, not code) polls in a row
+    the engine raises one host-level finding, with the collector's words as evidence."""
+    sysroot = _tree(tmp_path, ["0000:18:00.0", "0000:2a:00.0"], {})
+    sim = SimNvml(2)
+    settings = _settings(tmp_path, sysroot)
+    settings.call_timeout = 0.2
+    c = Collector(settings, sink=NullSink(), nvml=sim)
+    engine = DetectorEngine(rules)
+    engine.feed(c.poll_once())  # (the fixture tree's own faults are not this test's business)
+    sim.hang_all(1.0)
+    n = next(s.params["for_samples"] for s in rules.specs if s.id == "host.nvml.unresponsive")
+    per_poll = []
+    for _ in range(n):
+        s = c.poll_once()
+        per_poll.append([i for i in engine.feed(s) if i.component == "host"])
+    c.close(flush_timeout=0.1)
+    assert all(per_poll[k] == [] for k in range(n - 1))  # not before N polls
+    (inc,) = per_poll[-1]
+    assert (inc.failure_mode, inc.component, inc.detector) == ("gpu_hw_error", "host", "host.nvml.unresponsive")
+    assert "NVML unresponsive" in inc.evidence[0].fact and "drain" in inc.recommended_action
+
+
+def test_every_gpu_timing_out_is_nvml_unresponsive_and_one_slow_gpu_is_not(rules):
+    t = gpu_fn(0, nvml_error="TIMEOUT", ecc=None)
+
+    def all_timeout(s):
+        s.gpus = [replace(g, nvml_error="TIMEOUT", ecc=None) for g in s.gpus]
+    assert opened(run(rules, [None, all_timeout, all_timeout, all_timeout])) == [("gpu_hw_error", "host.nvml.unresponsive")]
+    assert opened(run(rules, [None, t, t, t, t])) == []
+    assert opened(run(rules, [None, all_timeout, all_timeout, None, all_timeout, all_timeout])) == []
