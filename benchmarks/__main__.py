@@ -19,6 +19,7 @@ SUITE: list[tuple[str, dict, dict]] = [
     ("benchmarks.bench_collector", {"polls": 300}, {"polls": 50}),
     ("benchmarks.bench_simulate", {"hosts": 512, "hours": 1.0}, {"hosts": 64, "hours": 0.5}),
     ("benchmarks.bench_detect", {}, {"quick": True}),
+    ("benchmarks.bench_kafka_capacity", {}, {"quick": True}),
     ("benchmarks.bench_ml", {}, {"quick": True}),
     ("benchmarks.bench_remediation", {"n": 2000}, {"n": 300}),
     ("benchmarks.bench_kernel_reader", {}, {"n": 4000}),

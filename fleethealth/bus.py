@@ -1,10 +1,12 @@
-"""The bus: one small interface, three implementations.
+"""The bus: one small interface, four implementations.
 
 * :class:`InProcessBus` — the embedded default: topics in memory, consumer groups with committed
   offsets, partitions by key hash (so per-host order holds exactly as on Kafka).
 * :class:`JsonlBus` — newline-delimited JSON files (``.jsonl`` or ``.jsonl.gz``): recordings,
   replay files, ``--sink jsonl:PATH``.
-* :class:`fleethealth.kafka_bus.KafkaBus` — Apache Kafka through kafka-python.
+* Apache Kafka: :class:`fleethealth.kafka_confluent.ConfluentBus` (confluent-kafka, librdkafka; the
+  default) or :class:`fleethealth.kafka_bus.KafkaBus` (kafka-python), chosen by
+  :func:`fleethealth.config.kafka_bus`.
 
 Values are encoded contract messages (bytes); keys are host names.
 """
@@ -277,7 +279,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, bytes]]:
     with a BusError naming the line reached, never silently. Read as bytes (no text decode and
     re-encode: that cost more than the JSON parse of a 14 KB sample); a line that is not UTF-8 is
     the decoder's to reject, line by line."""
-    fh: IO[bytes] = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+    fh = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
     with fh:
         lineno = 0
         try:

@@ -89,7 +89,7 @@ class KafkaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     client: str = ""  # kafka-python | confluent; empty: --kafka-client / FLEETHEALTH_KAFKA_CLIENT / the default
 
 
-DEFAULT_KAFKA_CLIENT = "kafka-python"  # by the figures in docs/scaling.md (benchmarks/bench_kafka_capacity.py)
+DEFAULT_KAFKA_CLIENT = "confluent"  # by the figures in docs/scaling.md (benchmarks/bench_kafka_capacity.py)
 
 
 def kafka_client(name: str | None, cfg: Config | None = None) -> str:

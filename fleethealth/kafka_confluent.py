@@ -222,7 +222,13 @@ class ConfluentConsumer:
         from confluent_kafka import KafkaException
 
         try:
-            msgs = self._c.consume(max_records, timeout)
+            # librdkafka's batch consume waits for a full batch or the timeout; poll(timeout) returns
+            # with the first record: wait with it, then take what else is already fetched
+            c = self._c
+            msgs = c.consume(max_records, 0)
+            if not msgs and timeout > 0:
+                first = c.poll(timeout)
+                msgs = [] if first is None else [first, *(c.consume(max_records - 1, 0) if max_records > 1 else ())]
         except (KafkaException, RuntimeError) as exc:
             raise BusError(f"Kafka poll failed: {exc}") from exc
         out = []

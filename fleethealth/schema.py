@@ -384,7 +384,7 @@ _envelope = msgspec.json.Decoder(_Envelope)
 _envelope_mp = msgspec.msgpack.Decoder(_Envelope)
 _encoder = msgspec.json.Encoder()
 _mp_encoder = msgspec.msgpack.Encoder()
-T = TypeVar("T", bound=_Base)
+T = TypeVar("T", bound=Struct)
 
 
 class _Codec:
