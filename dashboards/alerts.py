@@ -112,9 +112,10 @@ def _gpu_rules() -> tuple[AlertRule, ...]:
                   f"max by ({GPU}) ({bit(reasons, 5)} or {bit(reasons, 6)}) == 1", "warning",
                   f"Thermal slowdown on {ON_GPU}", "Clocks-event reason 0x20 or 0x40 held for 10 minutes.",
                   "10m"),
-        AlertRule("FleetHealthGpuHot", f"max by ({GPU}) (fleethealth_gpu_temperature_celsius) >= 88", "warning",
-                  f"{ON_GPU} at {{{{ $value }}}} C",
-                  "At or above the slowdown temperature of datacenter GPUs for 10 minutes.", "10m"),
+        AlertRule("FleetHealthGpuHot", f"max by ({GPU}) (fleethealth_gpu_temperature_celsius)"
+                  f' >= min by ({GPU}) (fleethealth_gpu_temperature_threshold_celsius{{threshold="slowdown"}})',
+                  "warning", f"{ON_GPU} at {{{{ $value }}}} C",
+                  "At or above this board's own slowdown temperature (NVML threshold) for 10 minutes.", "10m"),
         AlertRule("FleetHealthGpuPcieWidthDegraded",
                   f'max by ({GPU}) (fleethealth_gpu_pcie_link_width{{kind="current"}})'
                   f' < max by ({GPU}) (fleethealth_gpu_pcie_link_width{{kind="max"}})',

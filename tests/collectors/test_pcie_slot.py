@@ -101,3 +101,31 @@ def test_without_the_slot_the_gpu_rule_still_judges_against_the_gpus_max(tmp_pat
     (tmp_path / "empty").mkdir()
     got = stream(tmp_path, tmp_path / "empty")
     assert {d for _m, _c, d in got} == {"pcie.gpu.width"}
+
+
+LSPCI = """\
+00:01.0 PCI bridge: Intel Corporation Device 352a (rev 04) (prog-if 00 [Normal decode])
+\tBus: primary=00, secondary=18, subordinate=18, sec-latency=0
+\tCapabilities: [40] Express (v2) Root Port (Slot+), MSI 00
+\t\tLnkCap:\tPort #1, Speed 16GT/s, Width x{slot}, ASPM L1, Exit Latency L1 <16us
+\t\tLnkSta:\tSpeed 8GT/s (downgraded), Width x8{sdown}
+
+18:00.0 3D controller: NVIDIA Corporation TU104GL [Tesla T4] (rev a1)
+\tCapabilities: [68] Express (v2) Endpoint, MSI 00
+\t\tLnkCap:\tPort #0, Speed 8GT/s, Width x16, ASPM not supported
+\t\tLnkSta:\tSpeed 8GT/s (ok), Width x8 (downgraded)
+"""
+
+
+@pytest.mark.parametrize("slot,degraded", [(16, True), (8, False)])
+def test_lspci_capture_judges_the_gpu_against_the_root_ports_lnkcap(tmp_path: Path, slot: int,
+                                                                    degraded: bool) -> None:
+    f = tmp_path / "lspci-vvv.txt"
+    f.write_text(LSPCI.format(slot=slot, sdown=" (downgraded)" if slot == 16 else " (ok)"))
+    d = diagnose_path(f)
+    assert d.error is None or d.error == "", d.error
+    got = {(x.failure_mode, x.component, x.detector) for x in d.findings}
+    if degraded:
+        assert got == {("pcie_link_degraded", GPU, "pcie.aer.width-slot")}
+    else:
+        assert got == set() and d.outcome == "healthy"
