@@ -129,3 +129,23 @@ def test_lspci_capture_judges_the_gpu_against_the_root_ports_lnkcap(tmp_path: Pa
         assert got == {("pcie_link_degraded", GPU, "pcie.aer.width-slot")}
     else:
         assert got == set() and d.outcome == "healthy"
+
+
+def test_gen_under_load_is_judged_against_the_slots_generation_too() -> None:
+    import msgspec
+
+    from simulator.fixtures import HostSeries
+
+    def run(gen: int, slot_gen: int | None) -> set[str]:
+        hs, engine, out = HostSeries(), DetectorEngine(RuleSet.load()), []
+
+        def fn(s):
+            g = s.gpus[0]
+            s.gpus[0] = msgspec.structs.replace(g, utilization_pct=95.0, pcie=msgspec.structs.replace(
+                g.pcie, gen_current=gen, slot_gen_max=slot_gen, slot_width_max=16))
+        for _ in range(4):
+            out += engine.feed(hs.advance(fn))
+        return {i.detector for i in out if i.state == "open"}
+    assert run(4, 4) == set()  # a gen5 GPU at gen4 in a gen4 slot: slot-limited
+    assert run(3, 4) == {"pcie.gpu.gen-under-load"}
+    assert run(4, None) == {"pcie.gpu.gen-under-load"}  # slot unknown: the GPU's max, as before
