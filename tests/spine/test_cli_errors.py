@@ -47,6 +47,7 @@ def test_bad_global_env_value_is_one_line(args: list[str], tmp_path: Path) -> No
     ("FLEETHEALTH_LIMIT", "ten", ["replay", "x.jsonl"]),              # int flag
     ("FLEETHEALTH_QUIET", "maybe", ["replay", "x.jsonl"]),            # yes/no flag
     ("FLEETHEALTH_GZIP_LEVEL", "11", ["simulate", "--out", "x.jsonl"]),  # out of its choices
+    ("FLEETHEALTH_KAFKA_CLIENT", "librdkafka", ["replay", "x.jsonl"]),  # not a Kafka client
 ], ids=lambda v: str(v))
 def test_bad_command_env_value_is_one_line(var: str, value: str, args: list[str], tmp_path: Path) -> None:
     r = cli(args, tmp_path, {var: value})
