@@ -103,7 +103,21 @@ def kafka_client(name: str | None, cfg: Config | None = None) -> str:
 
 def kafka_bus(bootstrap: str, client: str | None = None, cfg: Config | None = None, **kw: Any) -> Any:
     """A Kafka bus over the chosen client (:func:`kafka_client`); ``kw`` as KafkaBus takes them."""
-    if kafka_client(client, cfg) == "confluent":
+    chosen = kafka_client(client, cfg)
+    if chosen == "confluent":
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError as exc:
+            if client or (cfg is not None and section(cfg, "kafka", KafkaSettings).client):
+                raise ConfigError(f"Kafka client confluent: confluent-kafka is not installed ({exc}); "
+                                  "pip install confluent-kafka, or use --kafka-client kafka-python") from None
+            # the default, in an environment installed before it became a dependency
+            import logging
+
+            logging.getLogger(__name__).warning("confluent-kafka is not installed (a dependency: pip install -e .); "
+                                                "using kafka-python")
+            chosen = "kafka-python"
+    if chosen == "confluent":
         from fleethealth.kafka_confluent import ConfluentBus
 
         return ConfluentBus(bootstrap, **kw)

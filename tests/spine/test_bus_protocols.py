@@ -81,3 +81,18 @@ def test_kafka_client_is_chosen_by_flag_then_config_then_default():
         kafka_client(None, Config({"kafka": {"client": "librdkafka"}}, None))
     assert isinstance(kafka_bus("127.0.0.1:1", "confluent"), ConfluentBus)  # nothing connects until used
     assert isinstance(kafka_bus("127.0.0.1:1", "kafka-python"), KafkaBus)
+
+
+def test_without_confluent_kafka_the_default_falls_back_and_an_explicit_choice_is_an_error(monkeypatch):
+    import sys
+
+    import pytest
+
+    from fleethealth.config import Config, ConfigError, kafka_bus
+
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # import confluent_kafka -> ImportError
+    assert isinstance(kafka_bus("127.0.0.1:1"), KafkaBus)  # an environment installed before the dependency
+    with pytest.raises(ConfigError, match="not installed"):
+        kafka_bus("127.0.0.1:1", "confluent")
+    with pytest.raises(ConfigError, match="not installed"):
+        kafka_bus("127.0.0.1:1", None, Config({"kafka": {"client": "confluent"}}, None))
