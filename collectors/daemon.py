@@ -36,6 +36,7 @@ from collectors.sysfs import (
     read_pcie,
 )
 from fleethealth import __version__
+from fleethealth.nvml_pause import released_marker
 from fleethealth.schema import MAX_EVENTS, GpuSample, KernelEvent, Sample, SourceError, encode
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ class Collector:
         pause = self.s.nvml_pause_file
         if not pause:
             return
-        marker = Path(pause + ".released")
+        marker = released_marker(pause)  # the protocol: fleethealth/nvml_pause.py
         if os.path.exists(pause):
             if self.nvml.release() and not marker.exists():
                 try:
