@@ -14,14 +14,9 @@ import sys
 from collections.abc import Sequence
 
 from fleethealth import __version__
-from fleethealth.bus import BusError
 from fleethealth.cliutil import EnvValueError, flag
-from fleethealth.config import ConfigError
 from fleethealth.errors import FleetHealthError
 from fleethealth.log import setup_logging
-from fleethealth.schema import ContractError
-from fleethealth.taxonomy import UnknownFailureMode
-from fleethealth.xid import XidTableError
 
 DESCRIPTION = """\
 fleethealth finds failing GPUs, host memory, PCIe links and network cables in a GPU training
@@ -73,7 +68,24 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-USER_ERRORS = (ConfigError, ContractError, BusError, XidTableError, UnknownFailureMode, FleetHealthError)
+# The errors a user can act on: one line and an exit code, never a traceback. Named, not imported:
+# an exception of one of these classes can only come from a module already imported, so the CLI
+# does not load the bus, the config reader (tomllib), the schema or the Xid table just to be able
+# to catch their errors (start-up of --help / --version, issue 18).
+USER_ERRORS: tuple[tuple[str, str], ...] = (
+    ("fleethealth.config", "ConfigError"), ("fleethealth.schema", "ContractError"), ("fleethealth.bus", "BusError"),
+    ("fleethealth.xid", "XidTableError"), ("fleethealth.taxonomy", "UnknownFailureMode"),
+)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    if isinstance(exc, FleetHealthError):
+        return True
+    for module, name in USER_ERRORS:
+        m = sys.modules.get(module)
+        if m is not None and isinstance(exc, getattr(m, name)):
+            return True
+    return False
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -114,15 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as exc:
-        code = getattr(exc, "exit_code", 2)
-        print(f"fleethealth {args.command}: error: {exc}", file=sys.stderr)
-        return int(code)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
-    except Exception:
+    except Exception as exc:
+        if is_user_error(exc):
+            print(f"fleethealth {args.command}: error: {exc}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 2))
         logging.getLogger("fleethealth").exception("unexpected failure in %s", args.command)
         return 70
 

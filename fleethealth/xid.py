@@ -7,13 +7,15 @@ adds fleethealth's failure-mode label for a Xid seen alone.
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
+from fleethealth import taxonomy
+from fleethealth.datacache import cached
 from fleethealth.taxonomy import ALL_LABELS
+
+CATALOG = Path(__file__).parent / "data" / "xid_catalog.tsv"
 
 KNOWN_IMMEDIATE = frozenset({
     "", "RESTART_APP", "RESET_GPU", "RESTART_BM", "RESTART_VM", "IGNORE", "CONTACT_SUPPORT",
@@ -44,8 +46,10 @@ class XidInfo:
 
 def load_xid_table(path: Path | None = None) -> dict[int, XidInfo]:
     """Read and validate the Xid table; raise XidTableError naming file and line on any fault."""
+    import csv
+
     if path is None:
-        text = resources.files("fleethealth.data").joinpath("xid_catalog.tsv").read_text()
+        text = CATALOG.read_text()
         name = "fleethealth/data/xid_catalog.tsv"
     else:
         text, name = path.read_text(), str(path)
@@ -83,8 +87,8 @@ def load_xid_table(path: Path | None = None) -> dict[int, XidInfo]:
 
 @cache
 def xid_table() -> dict[int, XidInfo]:
-    """The shipped table, loaded once per process."""
-    return load_xid_table()
+    """The shipped table, loaded once per process (parsed once per change: fleethealth.datacache)."""
+    return cached("xid-table", [CATALOG, Path(__file__), Path(taxonomy.__file__)], load_xid_table)
 
 
 def lookup(xid: int) -> XidInfo | None:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import re
 
+from fleethealth.lazyregex import lazy
 from fleethealth.schema import MAX_EVENTS
-from parsers import mce
 from parsers.base import Fact, Parsed, ParseError, new_parsed, pci_norm
 from parsers.kernel_log import MAX_LINE, KernelLineParser, split_prefix
 
 FORMAT = "kernel-log"
-_BUS_ERR = re.compile(r"(?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): (?:AER: )?PCIe Bus Error: "
+_BUS_ERR = lazy(r"(?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): (?:AER: )?PCIe Bus Error: "
                       r"severity=(?P<sev>[^,]+), type=(?P<type>[^,]+)", re.I)
-_AER_ITEM = re.compile(r"(?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): (?:AER: )?\s*\[\s*(?P<bit>\d+)\]\s+"
+_AER_ITEM = lazy(r"(?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]): (?:AER: )?\s*\[\s*(?P<bit>\d+)\]\s+"
                        r"(?P<name>[A-Za-z][\w ()-]*?)\s*(?:\(First\))?\s*$", re.I)
-_CAUSED_BY = re.compile(r"caused by previous Xid (?P<xid>\d+)", re.I)
-_GPU_UUID = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+_CAUSED_BY = lazy(r"caused by previous Xid (?P<xid>\d+)", re.I)
+_GPU_UUID = lazy(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 
 
 def parse(text: str, *, lenient: bool = False) -> Parsed:
@@ -63,11 +63,16 @@ def parse(text: str, *, lenient: bool = False) -> Parsed:
             out.facts.append(Fact("aer_recovery_failed", _pci_in(msg), {}, line.strip()))
         if not ("Hardware Error" in line or "EDAC" in line or "edac" in line):
             continue
+        from parsers import mce  # here: a log without machine-check lines never compiles its regexes
+
         if mce.is_mce_line(msg):
             mce_lines.append(msg)
         elif mce.is_mce_line(line):  # a prefix split that ate the "EDAC MCn:" tag: keep the raw line
             mce_lines.append(line.strip())
-    out.facts.extend(mce.decode_kernel_mce(mce_lines))
+    if mce_lines:
+        from parsers import mce
+
+        out.facts.extend(mce.decode_kernel_mce(mce_lines))
     out.kernel_lines = kp.lines_kernel
     if kp.lines_foreign:
         out.warnings.append(f"{kp.lines_foreign} line(s) logged by other programs were not read as kernel lines")
@@ -94,7 +99,7 @@ def _pci_in(msg: str) -> str:
     return m.group(0).lower() if m else "host"
 
 
-_PREFIX = re.compile(r"^(?:\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\d+,\d+,\d+,[^;]*;|"
+_PREFIX = lazy(r"^(?:\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]|\d+,\d+,\d+,[^;]*;|"
                      r"\S{3,4}\s+\d{1,2} \d\d:\d\d:\d\d |\d{4}-\d\d-\d\dT|kern\s*:|kernel: )")
 
 

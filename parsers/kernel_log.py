@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from fleethealth.ids import normalise_pci as _normalise_pci
+from fleethealth.lazyregex import lazy
 from fleethealth.schema import KernelEvent
 
 MAX_LINE = 8192
@@ -78,7 +79,7 @@ _MONTH_NAMES = [
     ("dec", "dez", "déc", "dic", "des", "gru", "дек", "гру"),
 ]
 _MONTHS: dict[str, int] = {name: i + 1 for i, names in enumerate(_MONTH_NAMES) for name in names}
-_CJK_MONTH = re.compile(r"^(\d{1,2})[月월]$")
+_CJK_MONTH = lazy(r"^(\d{1,2})[月월]$")
 
 
 def month_number(token: str) -> int | None:
@@ -96,55 +97,55 @@ def month_number(token: str) -> int | None:
 
 # --------------------------------------------------------------------------- prefixes
 
-_KMSG = re.compile(r"^(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;\n]{0,32};")
-_PRI = re.compile(r"^<(?P<pri>\d{1,3})>")
-_REL = re.compile(r"^\[\s{0,16}(?P<rel>\d{1,12}\.\d{1,9})\]\s?")
-_REL_CUT = re.compile(r"^\s{0,16}(?P<rel>\d{1,12}\.\d{6})\]\s")  # a first line whose "[" was cut off
-_CALLER = re.compile(r"^\s?\[\s{0,8}[TC]\d{1,8}\]\s?")
-_CTIME = re.compile(
+_KMSG = lazy(r"^(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;\n]{0,32};")
+_PRI = lazy(r"^<(?P<pri>\d{1,3})>")
+_REL = lazy(r"^\[\s{0,16}(?P<rel>\d{1,12}\.\d{1,9})\]\s?")
+_REL_CUT = lazy(r"^\s{0,16}(?P<rel>\d{1,12}\.\d{6})\]\s")  # a first line whose "[" was cut off
+_CALLER = lazy(r"^\s?\[\s{0,8}[TC]\d{1,8}\]\s?")
+_CTIME = lazy(
     r"^\[(?P<wd>[^\s\]]{1,12}) (?P<mon>[^\s\]\d]{1,12})\s{1,3}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d) "
     r"(?P<year>\d{4})\]\s?")
-_RELTIME = re.compile(r"^\[(?P<mon>[^\s\]\d]{2,8})\s?(?P<day>\d{1,2}) (?P<hm>\d\d:\d\d)(?::(?P<s>\d\d))?\]\s?")
-_DELTA = re.compile(r"^\[\s{0,16}\+(?P<d>\d{1,12}\.\d{1,9})\]\s?")
-_DELTA2 = re.compile(r"^\[<\s{0,16}(?P<d>\d{1,12}\.\d{1,9})>\]\s?")
-_DECODE = re.compile(r"^(?P<fac>kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d)"
+_RELTIME = lazy(r"^\[(?P<mon>[^\s\]\d]{2,8})\s?(?P<day>\d{1,2}) (?P<hm>\d\d:\d\d)(?::(?P<s>\d\d))?\]\s?")
+_DELTA = lazy(r"^\[\s{0,16}\+(?P<d>\d{1,12}\.\d{1,9})\]\s?")
+_DELTA2 = lazy(r"^\[<\s{0,16}(?P<d>\d{1,12}\.\d{1,9})>\]\s?")
+_DECODE = lazy(r"^(?P<fac>kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local\d)"
                      r"\s{0,8}:(?P<lvl>\w{1,8})\s{0,8}:\s?")
 _ISO_TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-_ISO = re.compile(rf"^(?P<iso>{_ISO_TS})\s")
-_DMESG_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:?\d\d$")
-_SHORT_FULL = re.compile(r"^(?P<wd>[A-Za-z]{3}) (?P<iso>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?) "
+_ISO = lazy(rf"^(?P<iso>{_ISO_TS})\s")
+_DMESG_ISO = lazy(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:?\d\d$")
+_SHORT_FULL = lazy(r"^(?P<wd>[A-Za-z]{3}) (?P<iso>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?) "
                          r"(?P<tz>[A-Za-z0-9+\-]{1,6})\s")
-_UNIX = re.compile(r"^(?P<unix>\d{9,11}\.\d{1,9})\s")
-_SYSLOG = re.compile(r"^(?P<mon>\d{1,2}[月월]|[^\s\d\[\]<>{}()]{3,6})\s{1,3}(?P<day>\d{1,2}),?\s{1,3}"
+_UNIX = lazy(r"^(?P<unix>\d{9,11}\.\d{1,9})\s")
+_SYSLOG = lazy(r"^(?P<mon>\d{1,2}[月월]|[^\s\d\[\]<>{}()]{3,6})\s{1,3}(?P<day>\d{1,2}),?\s{1,3}"
                      r"(?P<hms>\d\d:\d\d:\d\d)(?P<frac>\.\d{1,9})?\s")
-_RFC5424 = re.compile(r"^(?P<ver>\d{1,2}) (?P<iso>\S{1,40}) (?P<host>\S{1,255}) (?P<app>\S{1,48}) (?P<procid>\S{1,128}) "
+_RFC5424 = lazy(r"^(?P<ver>\d{1,2}) (?P<iso>\S{1,40}) (?P<host>\S{1,255}) (?P<app>\S{1,48}) (?P<procid>\S{1,128}) "
                       r"(?P<msgid>\S{1,32}) (?:-|(?:\[[^\]]{0,2048}\]){1,16})(?: |$)")
 # after a stamp: [host] [SEVERITY] tag[pid]: message
-_TAGGED = re.compile(r"^(?:(?P<host>[^\s:\[\]]{1,255})\s{1,4})?(?:(?P<sev>[A-Z]{3,9})\s{1,4})?"
+_TAGGED = lazy(r"^(?:(?P<host>[^\s:\[\]]{1,255})\s{1,4})?(?:(?P<sev>[A-Z]{3,9})\s{1,4})?"
                      r"(?P<tag>[A-Za-z_][^\s:\[\]]{0,63})(?:\[(?P<pid>\d{1,10})\])?:(?:\s|$)")
-_BROADCAST = re.compile(r"^Message from syslogd@\S{1,255} at ")
-_KERNEL_TAG = re.compile(r"^\s{0,8}kernel:\s?")
-_TALOS = re.compile(r"^\s{0,4}(?:(?P<node>[^\s:]{1,255}|\[[0-9a-fA-F:]{2,45}\]|[0-9a-fA-F:]{2,45}):\s)?"
+_BROADCAST = lazy(r"^Message from syslogd@\S{1,255} at ")
+_KERNEL_TAG = lazy(r"^\s{0,8}kernel:\s?")
+_TALOS = lazy(r"^\s{0,4}(?:(?P<node>[^\s:]{1,255}|\[[0-9a-fA-F:]{2,45}\]|[0-9a-fA-F:]{2,45}):\s)?"
                     r"(?P<fac>kern|user|mail|daemon|auth|syslog|local\d):\s{1,8}(?P<lvl>\w{1,8}):\s{1,8}"
                     rf"\[(?P<iso>{_ISO_TS})\]:\s?")
 # wrappers: what follows them is read as a line of its own
-_CRI = re.compile(rf"^(?P<iso>{_ISO_TS}) (?:stdout|stderr) [FP] ")
-_KUBE_TS = re.compile(r"^(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,9}Z) ")
-_KUBE_PREFIX = re.compile(r"^\[pod/[^\s\]]{1,253}/[^\s\]]{1,253}\] ")
-_COMPOSE = re.compile(r"^[\w.-]{1,64}\s{1,32}\| ")
-_POD_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,252} (?=\[\s{0,16}\d{1,12}\.\d{1,9}\])")
-_GREP_FILE = re.compile(r"^/?[\w.-]{1,64}(?:/[\w.-]{1,64}){0,8}[:-](?:\d{1,9}[:-])?")
-_GREP_NUM = re.compile(r"^\d{1,9}(?::|-|\s{0,2})(?=\s{0,16}\[)")
+_CRI = lazy(rf"^(?P<iso>{_ISO_TS}) (?:stdout|stderr) [FP] ")
+_KUBE_TS = lazy(r"^(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,9}Z) ")
+_KUBE_PREFIX = lazy(r"^\[pod/[^\s\]]{1,253}/[^\s\]]{1,253}\] ")
+_COMPOSE = lazy(r"^[\w.-]{1,64}\s{1,32}\| ")
+_POD_NAME = lazy(r"^[a-z0-9][a-z0-9.-]{0,252} (?=\[\s{0,16}\d{1,12}\.\d{1,9}\])")
+_GREP_FILE = lazy(r"^/?[\w.-]{1,64}(?:/[\w.-]{1,64}){0,8}[:-](?:\d{1,9}[:-])?")
+_GREP_NUM = lazy(r"^\d{1,9}(?::|-|\s{0,2})(?=\s{0,16}\[)")
 
-_DICT_LINE = re.compile(r"^ (?P<k>[A-Z_]{1,32})=(?P<v>.*)$")
-_DEVICE_PCI = re.compile(r"^\+pci:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$")
+_DICT_LINE = lazy(r"^ (?P<k>[A-Z_]{1,32})=(?P<v>.*)$")
+_DEVICE_PCI = lazy(r"^\+pci:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$")
 
 KERNEL = "kernel"  # the kernel wrote it
 BARE = "bare"  # no prefix: a paste of messages or a wrapped line (decided by the stream)
 FOREIGN = "foreign"  # another program logged it
 HEADER = "header"  # a line that carries no message (a broadcast header, a pstore part header)
 
-_PSTORE_HEAD = re.compile(r"^(?:Oops|Panic|Emergency|Restart|Halt|Poweroff|Unknown)#\d{1,6} Part\d{1,6}\s*$")
+_PSTORE_HEAD = lazy(r"^(?:Oops|Panic|Emergency|Restart|Halt|Poweroff|Unknown)#\d{1,6} Part\d{1,6}\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +162,7 @@ class Stamp:
     fields: tuple[tuple[str, str], ...] = ()  # /dev/kmsg dictionary (SUBSYSTEM, DEVICE, ...)
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]{0,16}[A-Za-z]")
+_ANSI = lazy(r"\x1b\[[0-9;]{0,16}[A-Za-z]")
 
 
 def split_prefix(line: str, *, boot_time: float | None = None, year_hint: int | None = None) -> Stamp:
@@ -366,7 +367,7 @@ def _civil(year: int, mon: str, day: int, hms: str) -> float | None:
         return None
 
 
-_TZ = re.compile(r"([+-])(\d\d)(\d\d)$")
+_TZ = lazy(r"([+-])(\d\d)(\d\d)$")
 
 
 def _iso(text: str) -> float | None:
@@ -394,42 +395,42 @@ def _iso(text: str) -> float | None:
 # --------------------------------------------------------------------------- messages
 
 _PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_XID = re.compile(
+_XID = lazy(
     rf"^NVRM: (?:GPU\d{{1,3}} )?Xid \((?:PCI:)?(?:(?P<pci>{_PCI})|[^)\s]{{0,32}})\): (?P<xid>\d{{1,7}})"
     r"(?:, pid=(?:'?<unknown>'?|(?P<pid>\d{1,10})))?(?:, {1,8}name=(?P<name>[^,]{0,256}))?(?:, )?")
-_XID_START = re.compile(r"^NVRM: (?:GPU\d{1,3} )?Xid\b")
-_GPU_PCI = re.compile(rf"GPU (?:at )?(?:PCI:)?(?P<pci>{_PCI})\b")
-_NVRM_GPU = re.compile(rf"^NVRM: (?:The NVIDIA GPU|GPU at PCI:|GPU) ?(?P<pci>{_PCI})")
-_DEV_PCI = re.compile(rf"^[\w.-]{{1,48}} (?P<pci>{_PCI})[: ]")
-_PAREN_PCI = re.compile(rf"\(PCI:(?P<pci>{_PCI})\)")
-_AER_LINE = re.compile(rf"^(?:[\w.-]{{1,48}} )?(?P<pci>{_PCI}): (?:AER: )?")
-_AER_RECV = re.compile(
+_XID_START = lazy(r"^NVRM: (?:GPU\d{1,3} )?Xid\b")
+_GPU_PCI = lazy(rf"GPU (?:at )?(?:PCI:)?(?P<pci>{_PCI})\b")
+_NVRM_GPU = lazy(rf"^NVRM: (?:The NVIDIA GPU|GPU at PCI:|GPU) ?(?P<pci>{_PCI})")
+_DEV_PCI = lazy(rf"^[\w.-]{{1,48}} (?P<pci>{_PCI})[: ]")
+_PAREN_PCI = lazy(rf"\(PCI:(?P<pci>{_PCI})\)")
+_AER_LINE = lazy(rf"^(?:[\w.-]{{1,48}} )?(?P<pci>{_PCI}): (?:AER: )?")
+_AER_RECV = lazy(
     r"(?:Multiple )?(?P<sev>Corrected|Correctable|Uncorrected \((?:Fatal|Non-Fatal)\)|Uncorrectable"
     r"(?: \((?:Fatal|Non-Fatal)\))?|Fatal|Non-Fatal) errors? (?:message )?received",
     re.I,
 )
-_AER_HEAD = re.compile(r"^(?:Multiple )?(?P<sev>Corrected|Correctable|Uncorrected \((?:Fatal|Non-Fatal)\)|"
+_AER_HEAD = lazy(r"^(?:Multiple )?(?P<sev>Corrected|Correctable|Uncorrected \((?:Fatal|Non-Fatal)\)|"
                        r"Uncorrectable(?: \((?:Fatal|Non-Fatal)\))?) err", re.I)  # "… error rece>" cut by a pager
-_AER_SEV = re.compile(r"severity=(?P<sev>[^,\]]{1,32})", re.I)
-_AER_DETAIL = re.compile(r"^(?:\s{0,8}\[\s{0,3}\d{1,2}\] \S|\s{0,8}device \[|\s{0,8}TLP Header|Device recovery)")
-_EDAC = re.compile(r"EDAC (?:\w{1,32} )?MC(?P<mc>\d{1,4}): (?P<n>\d{1,12}) (?P<t>CE|UE) ")
-_MCE = re.compile(r"^(?:mce|MCE): \[Hardware Error\]: ")
-_HWERR = re.compile(r"^(?:\{(?P<rec>\d{1,10})\})?\[Hardware Error\]:\s{0,8}")
-_GHES_SEV = re.compile(r"^event severity: (?P<sev>\w{1,16})")
-_SXID = re.compile(rf"^nvidia-nvswitch\d{{0,3}}: SXid \(PCI:(?P<pci>{_PCI})\): (?P<sxid>\d{{1,7}})(?:, (?P<rest>[^,]{{0,32}}))?")
-_NVRM_FAMILY = re.compile(
+_AER_SEV = lazy(r"severity=(?P<sev>[^,\]]{1,32})", re.I)
+_AER_DETAIL = lazy(r"^(?:\s{0,8}\[\s{0,3}\d{1,2}\] \S|\s{0,8}device \[|\s{0,8}TLP Header|Device recovery)")
+_EDAC = lazy(r"EDAC (?:\w{1,32} )?MC(?P<mc>\d{1,4}): (?P<n>\d{1,12}) (?P<t>CE|UE) ")
+_MCE = lazy(r"^(?:mce|MCE): \[Hardware Error\]: ")
+_HWERR = lazy(r"^(?:\{(?P<rec>\d{1,10})\})?\[Hardware Error\]:\s{0,8}")
+_GHES_SEV = lazy(r"^event severity: (?P<sev>\w{1,16})")
+_SXID = lazy(rf"^nvidia-nvswitch\d{{0,3}}: SXid \(PCI:(?P<pci>{_PCI})\): (?P<sxid>\d{{1,7}})(?:, (?P<rest>[^,]{{0,32}}))?")
+_NVRM_FAMILY = lazy(
     r"GSP|gsp|[Hh]eartbeat|RPC|[Rr]pc|RmInit|rm_init|NV_ERR_|[Aa]ssert|Cannot|failed|[Tt]ime(?:d )?out|probe|"
     r"[Rr]eset|lost|[Ee]rror|fatal|[Ff]all(?:en)? off|WPR2|recovery|ECC|[Rr]emap|[Dd]rain")
-_LINK = re.compile(r"(?i)\blink (?:is )?(?:down|up)\b|\blink (?:status )?definitely (?:down|up)\b|"
+_LINK = lazy(r"(?i)\blink (?:is )?(?:down|up)\b|\blink (?:status )?definitely (?:down|up)\b|"
                    r"\bport: ?\d{1,3} link (?:down|active|init|armed)\b")
-_NIC_FAMILY = re.compile(r"(?i)PCIe bandwidth|module (?:\d{1,3}, )?\S{0,16} ?error|cable error|"
+_NIC_FAMILY = lazy(r"(?i)PCIe bandwidth|module (?:\d{1,3}, )?\S{0,16} ?error|cable error|"
                          r"\bhealth\b|syndrome|firmware (?:error|fatal)|\bfatal\b|internal error|"
                          r"high temperature|over[- ]?temperature|PCIe slot power")
-_PROBE = re.compile(r"probe of \S{1,64} failed|probe with driver \S{1,64} failed")
+_PROBE = lazy(r"probe of \S{1,64} failed|probe with driver \S{1,64} failed")
 # "mlx5_core 0000:53:00.0 enp83s0f0np0: …", "bond0: (slave x): …", "nvidia: probe of …": a driver or device
 # names itself before the message (a bare word like "Health" in someone's table does not)
-_DEVICE_PREFIX = re.compile(r"^[\w.-]{1,48}(?: [\w.:@()-]{1,64}){0,3}: ")
-_CARRIER = re.compile(r"(?i)\b(?:lost|gained) carrier\b|carrier: link (?:connected|disconnected)|"
+_DEVICE_PREFIX = lazy(r"^[\w.-]{1,48}(?: [\w.:@()-]{1,64}){0,3}: ")
+_CARRIER = lazy(r"(?i)\b(?:lost|gained) carrier\b|carrier: link (?:connected|disconnected)|"
                       r"\bcarrier[- ]changed\b|\bcarrier (?:is )?(?:on|off|up|down)\b")
 _CARRIER_PROGRAMS = frozenset({"systemd-networkd", "NetworkManager"})
 
@@ -570,7 +571,7 @@ def _nvrm(msg: str, ts: float, raw: str) -> KernelEvent | None:
     return None
 
 
-_MARKER = re.compile(r"^(?:-- (?:Logs begin|Journal begins|Boot [0-9a-f]|No entries|Reboot)|"
+_MARKER = lazy(r"^(?:-- (?:Logs begin|Journal begins|Boot [0-9a-f]|No entries|Reboot)|"
                      r"[\w.-]{1,64}@[\w.-]{1,64}:[^#$\n]{0,256}[#$] |\$ |# (?:dmesg|journalctl|cat|grep|zcat|tail) )")
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from fleethealth.lazyregex import LazyPattern, lazy
+
 MAX_PARTS = 256
 
 # tools whose command line, alone on a line, starts a capture
@@ -24,40 +26,40 @@ TOOLS = ("nvidia-smi", "dcgmi", "dmesg", "journalctl", "ibstat", "ibstatus", "pe
 SHELL = TOOLS + ("cat", "grep", "egrep", "zcat", "tail", "head", "less", "kubectl", "sudo", "ls", "find", "for")
 _TOOL = "|".join(re.escape(t) for t in TOOLS)
 _SHELL = "|".join(re.escape(t) for t in SHELL)
-_PROMPT = re.compile(
+_PROMPT = lazy(
     r"^(?:\[[\w.@-]{1,64}[^\]\n]{0,128}\][#$]|[\w.-]{1,64}@[\w.-]{1,64}:[^#$\n]{0,256}[#$])\s{1,4}"
     r"(?P<cmd>\S.{0,1000})$")
-_SHORT_PROMPT = re.compile(rf"^[#$>]\s{{1,4}}(?P<cmd>(?:{_SHELL})\b.{{0,1000}})$")
-_BARE_CMD = re.compile(rf"^(?:sudo\s+)?(?P<cmd>(?:{_TOOL})(?:\s+[^\n]{{0,1000}})?)\s*$")
-_COMMENT_CMD = re.compile(rf"^#+\s{{0,4}}(?P<cmd>(?:sudo\s+)?(?:{_TOOL})\b[^\n]{{0,1000}})$")
-_RULE = re.compile(r"^_{20,}\s*$")
-_TAIL_HEAD = re.compile(r"^==> (?P<cmd>.{1,512}) <==\s*$")
-_FENCE = re.compile(r"^\s{0,3}```")
+_SHORT_PROMPT = lazy(rf"^[#$>]\s{{1,4}}(?P<cmd>(?:{_SHELL})\b.{{0,1000}})$")
+_BARE_CMD = lazy(rf"^(?:sudo\s+)?(?P<cmd>(?:{_TOOL})(?:\s+[^\n]{{0,1000}})?)\s*$")
+_COMMENT_CMD = lazy(rf"^#+\s{{0,4}}(?P<cmd>(?:sudo\s+)?(?:{_TOOL})\b[^\n]{{0,1000}})$")
+_RULE = lazy(r"^_{20,}\s*$")
+_TAIL_HEAD = lazy(r"^==> (?P<cmd>.{1,512}) <==\s*$")
+_FENCE = lazy(r"^\s{0,3}```")
 
 # a command line -> the parser that reads its output (first match wins)
-_HINTS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\bnvidia-smi\b.*\bnvlink\b"), "nvidia-smi-nvlink"),
-    (re.compile(r"\bnvidia-smi\b.*--query-\w+="), "nvidia-smi-csv"),
-    (re.compile(r"\bnvidia-smi\b.*(?:-q\b.*-x|-x\b.*-q|--xml)"), "nvidia-smi-xml"),
-    (re.compile(r"\bnvidia-smi\b.*(?:-q\b|--query(?:\s|$))"), "nvidia-smi-q"),
-    (re.compile(r"\bnvidia-smi\s*$"), "nvidia-smi-table"),
-    (re.compile(r"\bdcgmi\s+diag\b"), "dcgmi-diag"),
-    (re.compile(r"\bdcgmi\s+health\b"), "dcgmi-health"),
-    (re.compile(r"\bdcgmi\s+dmon\b"), "dcgmi-dmon"),
-    (re.compile(r"\bdcgmi\s+nvlink\b"), "dcgmi-nvlink-status"),
-    (re.compile(r"\bibstatus\b"), "ibstatus"),
-    (re.compile(r"\bibstat\b"), "ibstat"),
-    (re.compile(r"\bperfquery\b"), "perfquery"),
-    (re.compile(r"\bibqueryerrors\b"), "ibqueryerrors"),
-    (re.compile(r"\biblinkinfo\b"), "iblinkinfo"),
-    (re.compile(r"\bethtool\s+(?:-S|--statistics)\b"), "ethtool-stats"),
-    (re.compile(r"\bethtool\s+-i\b"), "ethtool-info"),
-    (re.compile(r"\bethtool\s+\S+\s*$"), "ethtool-settings"),
-    (re.compile(r"\blspci\b"), "lspci-vvv"),
-    (re.compile(r"/aer_dev_(?:correctable|fatal|nonfatal)\b"), "sysfs-aer"),
-    (re.compile(r"\bras-mc-ctl\b"), "ras-mc-ctl"),
-    (re.compile(r"\bmcelog\b"), "mcelog"),
-    (re.compile(r"\b(?:dmesg|journalctl|talosctl\s+dmesg)\b|/var/log/|kern\.log|messages\b|syslog\b"), "kernel-log"),
+_HINTS: list[tuple[LazyPattern, str]] = [
+    (lazy(r"\bnvidia-smi\b.*\bnvlink\b"), "nvidia-smi-nvlink"),
+    (lazy(r"\bnvidia-smi\b.*--query-\w+="), "nvidia-smi-csv"),
+    (lazy(r"\bnvidia-smi\b.*(?:-q\b.*-x|-x\b.*-q|--xml)"), "nvidia-smi-xml"),
+    (lazy(r"\bnvidia-smi\b.*(?:-q\b|--query(?:\s|$))"), "nvidia-smi-q"),
+    (lazy(r"\bnvidia-smi\s*$"), "nvidia-smi-table"),
+    (lazy(r"\bdcgmi\s+diag\b"), "dcgmi-diag"),
+    (lazy(r"\bdcgmi\s+health\b"), "dcgmi-health"),
+    (lazy(r"\bdcgmi\s+dmon\b"), "dcgmi-dmon"),
+    (lazy(r"\bdcgmi\s+nvlink\b"), "dcgmi-nvlink-status"),
+    (lazy(r"\bibstatus\b"), "ibstatus"),
+    (lazy(r"\bibstat\b"), "ibstat"),
+    (lazy(r"\bperfquery\b"), "perfquery"),
+    (lazy(r"\bibqueryerrors\b"), "ibqueryerrors"),
+    (lazy(r"\biblinkinfo\b"), "iblinkinfo"),
+    (lazy(r"\bethtool\s+(?:-S|--statistics)\b"), "ethtool-stats"),
+    (lazy(r"\bethtool\s+-i\b"), "ethtool-info"),
+    (lazy(r"\bethtool\s+\S+\s*$"), "ethtool-settings"),
+    (lazy(r"\blspci\b"), "lspci-vvv"),
+    (lazy(r"/aer_dev_(?:correctable|fatal|nonfatal)\b"), "sysfs-aer"),
+    (lazy(r"\bras-mc-ctl\b"), "ras-mc-ctl"),
+    (lazy(r"\bmcelog\b"), "mcelog"),
+    (lazy(r"\b(?:dmesg|journalctl|talosctl\s+dmesg)\b|/var/log/|kern\.log|messages\b|syslog\b"), "kernel-log"),
 ]
 
 

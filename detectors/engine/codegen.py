@@ -13,8 +13,8 @@ PCI address) so that a reordered or changed inventory falls back to a lookup by 
 
 from __future__ import annotations
 
-import hashlib
 import linecache
+import zlib
 from typing import Any
 
 from detectors.engine.compiled import (
@@ -276,7 +276,7 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]]) -> Any:
                      f"{pre}gk[0] = sample.{whole}", f"{pre}gk[1] = live"]
     src = "\n".join(body) + "\n"
     # registered in linecache under a name of its own, so a traceback through it shows the line
-    name = f"<detectors.engine.codegen-{hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+    name = f"<detectors.engine.codegen-{zlib.crc32(src.encode()):08x}>"
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     code = compile(src, name, "exec")
     exec(code, g.ns)

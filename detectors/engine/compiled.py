@@ -8,7 +8,6 @@ quiet GPU costs one C-level struct comparison per group.
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable
 from typing import Any
@@ -26,9 +25,9 @@ from detectors.engine.state import (
     counter_delta,
     saturation,
 )
+from fleethealth.lazyregex import LazyPattern, lazy
 from fleethealth.schema import Evidence, Sample
 from fleethealth.taxonomy import MODES, parse_mode
-from parsers.mce import decode_kernel_mce
 
 TEMPLATE_FIELDS = {"component", "value", "delta", "prev", "rate", "window_s", "count", "line", "xid",
                    "host", "rhs", "note", "links", "threshold", "baseline", "age_s", "a", "message"}
@@ -396,7 +395,7 @@ class PresenceRule(Evaluator):
 # --------------------------------------------------------------------------- kernel events
 
 
-_AER_SOURCE = re.compile(r"error received: (?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+_AER_SOURCE = lazy(r"error received: (?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 
 
 class KernelEventRule(Evaluator):
@@ -409,12 +408,9 @@ class KernelEventRule(Evaluator):
 
     nslots = 2  # repeat windows per component, components seen by ``after``
 
-    def _rx(self, key: str) -> re.Pattern[str] | None:
+    def _rx(self, key: str) -> LazyPattern | None:
         text = self.spec.params.get(key)
-        try:
-            return re.compile(text) if text else None
-        except re.error as exc:
-            raise self.spec.error(key, f"bad regex: {exc}") from None
+        return lazy(text) if text else None  # checked when the rule file was read (rulefile.REGEX_KEYS)
 
     def __init__(self, spec: RuleSpec, slot: int) -> None:
         super().__init__(spec, slot)
@@ -422,10 +418,7 @@ class KernelEventRule(Evaluator):
         self.kind_ = p.get("event_kind")
         self.xids = frozenset(p.get("xid_in", []))
         self.sev = frozenset(s.lower() for s in p.get("severity_in", []))
-        try:
-            self.rx = re.compile(p["match"]) if p.get("match") else None
-        except re.error as exc:
-            raise spec.error("match", f"bad regex: {exc}") from None
+        self.rx = self._rx("match")
         self.not_rx, self.cleared_rx, self.unless_rx, self.after_rx = (
             self._rx(k) for k in ("not_match", "cleared_by", "unless", "after"))
         self.names_gpu = MODES[parse_mode(spec.failure_mode)].component.value in ("gpu", "nvlink")
@@ -508,7 +501,7 @@ class KernelEventRule(Evaluator):
                                     message=ev.message, count=self.count_gt + 1, window_s=self.window_s))
 
 
-_DETAIL = re.compile(r"^\s*\[\s*\d+\]\s+(?P<name>[A-Za-z][\w ()-]*?)\s*(?:\(First\))?\s*$")
+_DETAIL = lazy(r"^\s*\[\s*\d+\]\s+(?P<name>[A-Za-z][\w ()-]*?)\s*(?:\(First\))?\s*$")
 
 
 def _benign_records(events: list[Any], benign: frozenset[str]) -> set[int]:
@@ -556,18 +549,13 @@ class FactRule(Evaluator):
         self.fact = p["fact"]
         self.attrs = {k: (frozenset(v) if isinstance(v, list) else frozenset([v]))
                       for k, v in (p.get("attrs") or {}).items()}
-        try:
-            self.rx = re.compile(p["match"]) if p.get("match") else None
-        except re.error as exc:
-            raise spec.error("match", f"bad regex: {exc}") from None
+        self.rx = lazy(p["match"]) if p.get("match") else None  # checked when the rule file was read
         self.test = _fact_test(spec, p.get("test"))
         self.below = p.get("below_common")
         self.min_facts = int(p.get("min_facts", 3))
         self.count_gt = int(p.get("count_gt", 0))
-        try:  # another fact of the capture that makes this one inconclusive (any kind)
-            self.unless = re.compile(p["unless"]) if p.get("unless") else None
-        except re.error as exc:
-            raise spec.error("unless", f"bad regex: {exc}") from None
+        # another fact of the capture that makes this one inconclusive (any kind)
+        self.unless = lazy(p["unless"]) if p.get("unless") else None
 
     def _matches(self, f: Any) -> bool:
         if f.kind != self.fact:
@@ -614,7 +602,7 @@ class FactRule(Evaluator):
             out.append(self.finding(sample, comp_, line=f.line, a=_Fmt(f.attrs), value=f.attrs.get("value", "")))
 
 
-_TEST = re.compile(r"^\s*(?P<a>[a-z_][a-z0-9_]*)\s*(?P<op>>=|<=|==|!=|>|<)\s*"
+_TEST = lazy(r"^\s*(?P<a>[a-z_][a-z0-9_]*)\s*(?P<op>>=|<=|==|!=|>|<)\s*"
                    r"(?P<b>[a-z_][a-z0-9_]*|-?\d+(?:\.\d+)?)(?:\s*-\s*(?P<k>\d+(?:\.\d+)?))?\s*$")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
@@ -654,16 +642,15 @@ class KernelRecordRule(FactRule):
         super().__init__(spec, slot)
         p = spec.params
         self.window_s = float(p.get("window_s", 3600.0))
-        try:
-            self.repeats = re.compile(p["repeats"]) if p.get("repeats") else None
-        except re.error as exc:
-            raise spec.error("repeats", f"bad regex: {exc}") from None
+        self.repeats = lazy(p["repeats"]) if p.get("repeats") else None  # checked when the rule file was read
 
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
               out: list[Finding]) -> None:
         evs = [e for e in sample.kernel_events if e.kind in ("mce", "edac")]
         if not evs:
             return
+        from parsers.mce import decode_kernel_mce  # here: only a machine-check line needs its regexes
+
         hits: list[tuple[float, Any, int]] = []  # (ts, fact, weight)
         matched_once = False
         for i, ev in enumerate(evs):

@@ -23,24 +23,22 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from detectors.engine.episodes import IncidentEpisodes
 from detectors.engine.finding import Detector, Finding
 from detectors.engine.rulefile import RuleError
 from detectors.engine.ruleset import RuleSet
 from detectors.engine.state import Admission, HostState
+from fleethealth.datacache import cached
 from fleethealth.schema import Evidence, Incident, Sample
 from fleethealth.taxonomy import FAULT_LABELS, MODES, parse_mode
 
 log = logging.getLogger(__name__)
 UNREACHABLE = "host_unreachable"
 _UNREACHABLE = frozenset({UNREACHABLE})
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_PRECEDENCE_YAML = Path(__file__).with_name("precedence.yaml")
 
 
 _RANK = {"info": 0, "minor": 1, "major": 2, "critical": 3}
@@ -56,14 +54,24 @@ class Precedence:
 
     @classmethod
     def load(cls, path: Path | None = None) -> Precedence:
-        name = str(path) if path else "detectors/engine/precedence.yaml"
-        text = path.read_text() if path else resources.files("detectors.engine").joinpath("precedence.yaml").read_text()
+        """The shipped ``precedence.yaml`` (kept parsed in :mod:`fleethealth.datacache`), or ``path``."""
+        if path is not None:
+            return cls._read(path, str(path))
+        return cached("precedence", [_PRECEDENCE_YAML, Path(__file__)],
+                      lambda: cls._read(_PRECEDENCE_YAML, "detectors/engine/precedence.yaml"))
+
+    @classmethod
+    def _read(cls, path: Path, name: str) -> Precedence:
+        import yaml
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        text = path.read_text()
         try:
-            raw = yaml.load(text, Loader=_LOADER) or {}
+            raw = yaml.load(text, Loader=loader) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             raise RuleError(f"{name}:{mark.line + 1 if mark else 1}: not valid YAML") from None
-        root = yaml.compose(text, Loader=_LOADER)
+        root = yaml.compose(text, Loader=loader)
         lines = {k.value: v.start_mark.line + 1 for k, v in root.value} if root is not None else {}
         p = cls(float(raw.get("model_max_confidence", 0.8)), dict(raw.get("never_drain") or {}))
         for i, entry in enumerate(raw.get("supersedes") or []):

@@ -11,7 +11,6 @@ replay of the same stream yields the same ids and remediation can deduplicate on
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -25,7 +24,9 @@ DEFAULT_QUIET_S = 900.0
 
 
 def episode_id(host: str, component: str, mode: str, first_seen: float) -> str:
-    h = hashlib.blake2b(f"{host}|{component}|{mode}|{first_seen:.3f}".encode(), digest_size=10)
+    from hashlib import blake2b  # here: diagnose, which opens no episode, does not load OpenSSL
+
+    h = blake2b(f"{host}|{component}|{mode}|{first_seen:.3f}".encode(), digest_size=10)
     return "inc-" + h.hexdigest()
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from fleethealth import taxonomy
+from fleethealth.datacache import cached
 from fleethealth.errors import UserError
 from fleethealth.taxonomy import FAULT_LABELS, MODES, Severity, parse_mode
+
+if TYPE_CHECKING:
+    import yaml
 
 
 class RuleError(UserError):
@@ -62,6 +64,8 @@ SNAPSHOT_KEYS = {"lifetime_gt", "confidence", "for_samples", "count_gt"}
 COMPONENT_NAMING = ("default", "pci")  # pci: a GPU-scope rule names the GPU's PCI address
 PRESENCE_CHECKS = ("gpu_count_below_expected", "not_present", "nvml_error", "nvml_unresponsive")
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+# keys whose value is a regular expression: checked here, compiled by the engine on first use
+REGEX_KEYS = ("match", "not_match", "cleared_by", "unless", "after", "repeats")
 
 
 @dataclass(slots=True)
@@ -86,18 +90,20 @@ class RuleSpec:
         return RuleError(f"{self.lines.get(key or '', self.where)}: rule {self.id!r}: {msg}")
 
 
-# libyaml's parser when PyYAML was built with it (same nodes and marks, ~10x faster start-up)
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def _construct(node: yaml.Node) -> Any:
+    import yaml
+
     return yaml.constructor.SafeConstructor().construct_object(node, deep=True)  # no reader needed
 
 
 def parse_rules(text: str, name: str) -> list[RuleSpec]:
     """Parse one rule file's text; ``name`` is used in error messages."""
+    import yaml  # here: a start-up that finds the rules in fleethealth.datacache never imports PyYAML
+
+    # libyaml's parser when PyYAML was built with it (same nodes and marks, ~10x faster start-up)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        root = yaml.compose(text, Loader=_LOADER)
+        root = yaml.compose(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -120,6 +126,8 @@ def parse_rules(text: str, name: str) -> list[RuleSpec]:
 
 
 def _parse_rule(node: yaml.Node, name: str) -> RuleSpec:
+    import yaml
+
     at = f"{name}:{node.start_mark.line + 1}"
     if not isinstance(node, yaml.MappingNode):
         raise RuleError(f"{at}: a rule must be a mapping")
@@ -178,6 +186,13 @@ def _parse_rule(node: yaml.Node, name: str) -> RuleSpec:
     for key, (_, required) in schema.items():
         if required and key not in params:
             raise RuleError(f"{at}: rule {rid!r}: kind {kind} needs '{key}'")
+    for values in (params, snap or {}):
+        for key in REGEX_KEYS:
+            if isinstance(values.get(key), str) and values[key]:
+                try:
+                    re.compile(values[key])
+                except re.error as exc:
+                    raise RuleError(f"{lines.get(key, at)}: rule {rid!r}: bad regex: {exc}") from None
     return RuleSpec(rid, kind, mode, sev, float(conf), ev, params, at, lines,
                     float(quiet) if quiet is not None else None, str(raw.get("description", "")), naming, snap,
                     raw.get("stream", kind != "fact") is not False, _fold(raw, lines, at, rid))
@@ -191,13 +206,18 @@ def _fold(raw: dict[str, Any], lines: dict[str, str], at: str, rid: str) -> str:
 
 
 def rules_dir() -> Path:
-    return Path(str(resources.files("detectors.engine").joinpath("rules")))
+    return Path(__file__).with_name("rules")
 
 
 def load_rule_files(paths: list[Path] | None = None) -> list[RuleSpec]:
-    """Read every ``*.yaml`` (default: the shipped ``detectors/engine/rules/``); ids must be unique."""
-    if paths is None:
-        paths = sorted(rules_dir().glob("*.yaml"))
+    """Read every ``*.yaml`` (default: the shipped ``detectors/engine/rules/``); ids must be unique.
+    What a set of files gave is kept in :mod:`fleethealth.datacache` (keyed by the files and by this
+    module's and the vocabulary's source), so a start-up that finds it does not parse YAML."""
+    files = [Path(p) for p in (sorted(rules_dir().glob("*.yaml")) if paths is None else paths)]
+    return cached("rules", [*files, Path(__file__), Path(taxonomy.__file__)], lambda: _read_rule_files(files))
+
+
+def _read_rule_files(paths: list[Path]) -> list[RuleSpec]:
     specs: list[RuleSpec] = []
     seen: dict[str, str] = {}
     for p in paths:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
-import yaml
+from fleethealth.datacache import cached
 
 U32 = 1 << 32
 U64 = 1 << 64
@@ -23,8 +23,13 @@ U64 = 1 << 64
 SATURATED = frozenset({0xFF, 0xFFFF, U32 - 1, U64 - 1})
 
 
-def _load_widths() -> dict[str, int]:
-    raw = yaml.safe_load(resources.files("detectors.engine").joinpath("counters.yaml").read_text()) or {}
+_COUNTERS_YAML = Path(__file__).with_name("counters.yaml")
+
+
+def _read_widths() -> dict[str, int]:
+    import yaml  # only when fleethealth.datacache has no parsed copy
+
+    raw = yaml.safe_load(_COUNTERS_YAML.read_text()) or {}
     widths = raw.get("widths") or {}
     bad = [k for k, v in widths.items() if not isinstance(v, int) or not 1 <= v <= 64]
     if bad:
@@ -32,7 +37,7 @@ def _load_widths() -> dict[str, int]:
     return {str(k): int(v) for k, v in widths.items()}
 
 
-WIDTHS = _load_widths()  # counter name -> bits (detectors/engine/counters.yaml)
+WIDTHS = cached("counter-widths", [_COUNTERS_YAML, Path(__file__)], _read_widths)  # counter name -> bits
 
 
 def saturation(name: str) -> frozenset[int]:

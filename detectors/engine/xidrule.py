@@ -32,13 +32,14 @@ from detectors.engine.finding import Finding
 from detectors.engine.paths import gpu_component, norm_pci
 from detectors.engine.rulefile import RuleSpec
 from detectors.engine.state import HostState
+from fleethealth.lazyregex import lazy
 from fleethealth.schema import Sample
 from fleethealth.taxonomy import ALL_LABELS, MODES, Severity, parse_mode
 from fleethealth.xid import xid_table
 
 DUP_S = 2.0
-_MASKED = re.compile(r"NVRM: Xid \([^)]{0,40}\): (?P<xid>\d{1,7}),")  # "(PCI:...)": address redacted
-_CAUSED_BY = re.compile(r"caused by previous Xid (?P<xid>\d{1,6})", re.I)
+_MASKED = lazy(r"NVRM: Xid \([^)]{0,40}\): (?P<xid>\d{1,7}),")  # "(PCI:...)": address redacted
+_CAUSED_BY = lazy(r"caused by previous Xid (?P<xid>\d{1,6})", re.I)
 # labels of Xids that are a GPU's own hardware fault (an application Xid beside one is its symptom)
 HARDWARE_MODES = frozenset({"gpu_fell_off_bus", "gpu_dram_uce", "gpu_row_remap_failure", "gpu_row_remap_pending",
                             "gpu_sram_uce", "gpu_hw_error", "gpu_nvlink_error", "gpu_gsp_error"})

@@ -91,10 +91,11 @@ def test_command_table_matches_what_the_modules_register() -> None:
 
 def test_diagnose_a_kernel_log_imports_only_its_parsers(tmp_path: Path) -> None:
     """The parsers package imports a tool's parser the first time its format is asked for: a kernel
-    log compiles neither the nvidia-smi, DCGM, InfiniBand nor the Prometheus-map regexes."""
+    log compiles neither the nvidia-smi, DCGM, InfiniBand nor the Prometheus-map regexes, nor the
+    machine-check ones when it holds no machine-check line."""
     others = ("parsers.nvsmi_text", "parsers.nvsmi_xml", "parsers.nvsmi_table", "parsers.dcgm",
               "parsers.infiniband", "parsers.ethtool", "parsers.prom", "parsers.prom_map", "parsers.lspci",
-              "parsers.sysfs_snapshot", "parsers.nvlink")
+              "parsers.sysfs_snapshot", "parsers.nvlink", "parsers.mce")
     probe = PROBE.replace("{m.split('.')[0] for m in sys.modules}", "set(sys.modules)").replace(
         "MODULES", repr(others + ("parsers.kernel",)))
     out = subprocess.run([sys.executable, "-c", probe, "diagnose", str(FIXTURE)], cwd=tmp_path,
