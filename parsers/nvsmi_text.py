@@ -18,13 +18,13 @@ from parsers.base import (
     ParseError,
     clamp_gauge,
     is_na,
-    new_parsed,
     pci_norm,
     to_count,
     to_number,
     to_small,
     yes_no,
 )
+from parsers.nvsmi_report import old_layout, report, retirement_pending, set_scope, sum_present
 from parsers.nvsmi_tree import FORMAT, Node, parse_tree
 
 # NVML clocks-event reason bits (nvmlClocksEventReason*), keyed by the name nvidia-smi prints.
@@ -41,19 +41,8 @@ def parse(text: str) -> Parsed:
     blocks = [n for n in root.children if _GPU_HEADER.match(n.key)]
     if not blocks:
         raise ParseError(FORMAT, "no 'GPU <bus id>' section found")
-    out = new_parsed(FORMAT)
-    attached = to_count(root.get("Attached GPUs"))
-    if attached is not None and attached != len(blocks):
-        out.warnings.append(f"header says {attached} attached GPUs but {len(blocks)} GPU sections follow")
-    driver = root.get("Driver Version")
-    if driver:
-        out.sample.driver_version = driver[:256]
-    for index, block in enumerate(blocks):
-        gpu, info = _gpu(index, block, out.warnings)
-        out.sample.gpus.append(gpu)
-        out.gpu_info[index] = info
-    out.sample.expected_gpus = min(attached, 64) if attached is not None else len(blocks)
-    return out
+    return report(FORMAT, blocks, root.get("Attached GPUs"), root.get("Driver Version"), _gpu,
+                  "header says {attached} attached GPUs but {n} GPU sections follow")
 
 
 def _gpu(index: int, b: Node, warnings: list[str]) -> tuple[GpuSample, GpuInfo]:
@@ -118,11 +107,6 @@ def _remember(info: GpuInfo, node: Node, *keys: str) -> None:
             info.lines[f"{node.key}/{k}"] = c.raw.strip()
 
 
-def _sum(*vals: int | None) -> int | None:
-    present = [v for v in vals if v is not None]
-    return sum(present) if present else None
-
-
 def _ecc(node: Node) -> EccCounters:
     ecc = EccCounters()
     for scope in ("Volatile", "Aggregate"):
@@ -136,30 +120,21 @@ def _ecc(node: Node) -> EccCounters:
             dram_c = to_count(s.get("DRAM Correctable"))
             dram_u = to_count(s.get("DRAM Uncorrectable"))
             sram_c = to_count(s.get("SRAM Correctable"))
-            sram_u = _sum(to_count(s.get("SRAM Uncorrectable")), to_count(s.get("SRAM Uncorrectable Parity")),
-                          to_count(s.get("SRAM Uncorrectable SEC-DED")))
+            sram_u = sum_present(to_count(s.get("SRAM Uncorrectable")), to_count(s.get("SRAM Uncorrectable Parity")),
+                                 to_count(s.get("SRAM Uncorrectable SEC-DED")))
             # Volta/Turing drivers print "Device Memory"/"Total" without the Single/Double split
-        sfx = scope.lower()
-        setattr(ecc, f"dram_corrected_{sfx}", dram_c)
-        setattr(ecc, f"dram_uncorrected_{sfx}", dram_u)
-        setattr(ecc, f"sram_corrected_{sfx}", sram_c)
-        setattr(ecc, f"sram_uncorrected_{sfx}", sram_u)
+        set_scope(ecc, scope.lower(), dram_c, dram_u, sram_c, sram_u)
         if scope == "Aggregate":
             ecc.sram_threshold_exceeded = yes_no(s.get("SRAM Threshold Exceeded"))
     return ecc
 
 
 def _old_layout(node: Node | None) -> tuple[int | None, int | None]:
-    """Pre-Ampere: Device Memory is DRAM; Total minus Device Memory is on-chip SRAM."""
     if node is None:
         return None, None
-    dram = to_count(node.get("Device Memory"))
-    total = to_count(node.get("Total"))
-    if total is None:
-        parts = [to_count(node.get(k)) for k in ("Register File", "L1 Cache", "L2 Cache",
-                                                  "Texture Memory", "Texture Shared", "CBU", "SRAM")]
-        return dram, _sum(*parts)
-    return dram, max(total - (dram or 0), 0)
+    parts = [to_count(node.get(k)) for k in ("Register File", "L1 Cache", "L2 Cache", "Texture Memory",
+                                             "Texture Shared", "CBU", "SRAM")]
+    return old_layout(to_count(node.get("Device Memory")), to_count(node.get("Total")), parts)
 
 
 def _retired(node: Node) -> RetiredPages:
@@ -171,9 +146,7 @@ def _retired(node: Node) -> RetiredPages:
             return to_count(c.value)
         return to_count(c.get("Retired Pages") or c.get("Count"))  # older: a sub-block with the count
 
-    pending = yes_no(node.get("Pending Page Blacklist"))
-    if pending is None:
-        pending = yes_no(node.get("Pending Page Retirement"))
+    pending = retirement_pending(node.get("Pending Page Blacklist"), node.get("Pending Page Retirement"))
     return RetiredPages(sbe=count("Single Bit ECC"), dbe=count("Double Bit ECC"), pending=pending)
 
 

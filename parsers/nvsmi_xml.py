@@ -17,13 +17,13 @@ from parsers.base import (
     ParseError,
     clamp_gauge,
     is_na,
-    new_parsed,
     pci_norm,
     to_count,
     to_number,
     to_small,
     yes_no,
 )
+from parsers.nvsmi_report import old_layout, report, retirement_pending, set_scope, sum_present
 
 FORMAT = "nvidia-smi-xml"
 _REASON_BITS = {
@@ -42,20 +42,9 @@ def parse(text: str) -> Parsed:
         raise ParseError(FORMAT, f"not well-formed XML: {exc}") from None
     if root.tag != "nvidia_smi_log":
         raise ParseError(FORMAT, f"root element is <{root.tag}>, expected <nvidia_smi_log>")
-    out = new_parsed(FORMAT)
-    gpus = root.findall("gpu")
-    attached = to_count(_text(root, "attached_gpus"))
-    if attached is not None and attached != len(gpus):
-        out.warnings.append(f"<attached_gpus> says {attached} but {len(gpus)} <gpu> elements are present")
-    drv = _text(root, "driver_version")
-    if drv:
-        out.sample.driver_version = drv[:256]
-    for index, g in enumerate(gpus):
-        gpu, info = _gpu(index, g)
-        out.sample.gpus.append(gpu)
-        out.gpu_info[index] = info
-    out.sample.expected_gpus = min(attached, 64) if attached is not None else len(gpus)
-    return out
+    return report(FORMAT, root.findall("gpu"), _text(root, "attached_gpus"), _text(root, "driver_version"),
+                  lambda index, g, _warnings: _gpu(index, g),
+                  "<attached_gpus> says {attached} but {n} <gpu> elements are present")
 
 
 def _text(el: ET.Element | None, path: str) -> str | None:
@@ -80,9 +69,7 @@ def _gpu(index: int, g: ET.Element) -> tuple[GpuSample, GpuInfo]:
     gpu.brand = brand[:256] if brand and not is_na(brand) else None
     rp = g.find("retired_pages")
     if rp is not None and len(rp):
-        pending = yes_no(_text(rp, "pending_blacklist"))
-        if pending is None:
-            pending = yes_no(_text(rp, "pending_retirement"))
+        pending = retirement_pending(_text(rp, "pending_blacklist"), _text(rp, "pending_retirement"))
         gpu.retired_pages = RetiredPages(
             sbe=to_count(_text(rp, "multiple_single_bit_retirement/retired_count")),
             dbe=to_count(_text(rp, "double_bit_retirement/retired_count")), pending=pending)
@@ -159,14 +146,9 @@ def _ecc(ecc: ET.Element) -> EccCounters:
         else:
             dc, du = to_count(_text(s, "dram_correctable")), to_count(_text(s, "dram_uncorrectable"))
             sc = to_count(_text(s, "sram_correctable"))
-            parts = [to_count(_text(s, k)) for k in ("sram_uncorrectable", "sram_uncorrectable_parity",
-                                                     "sram_uncorrectable_secded")]
-            present = [p for p in parts if p is not None]
-            su = sum(present) if present else None
-        setattr(out, f"dram_corrected_{scope}", dc)
-        setattr(out, f"dram_uncorrected_{scope}", du)
-        setattr(out, f"sram_corrected_{scope}", sc)
-        setattr(out, f"sram_uncorrected_{scope}", su)
+            su = sum_present(*(to_count(_text(s, k)) for k in ("sram_uncorrectable", "sram_uncorrectable_parity",
+                                                              "sram_uncorrectable_secded")))
+        set_scope(out, scope, dc, du, sc, su)
         if scope == "aggregate":
             out.sram_threshold_exceeded = yes_no(_text(s, "sram_threshold_exceeded"))
     return out
@@ -175,8 +157,4 @@ def _ecc(ecc: ET.Element) -> EccCounters:
 def _old(el: ET.Element | None) -> tuple[int | None, int | None]:
     if el is None:
         return None, None
-    dram = to_count(_text(el, "device_memory"))
-    total = to_count(_text(el, "total"))
-    if total is None:
-        return dram, None
-    return dram, max(total - (dram or 0), 0)
+    return old_layout(to_count(_text(el, "device_memory")), to_count(_text(el, "total")))
