@@ -1,5 +1,8 @@
-"""Fault injection: one function per failure mode, each scheduling the telemetry a real fault of that
-kind leaves behind (precursors, co-occurring Xids and AER lines, counters, repair).
+"""The fleet engine's faults over time: one function per kind of the one fault model
+(:mod:`.faultmodel`), each scheduling the telemetry a real fault of that kind leaves behind
+(precursors, strength drawn against :mod:`.limits`, variants, co-occurring Xids and AER lines,
+counters, repair). Each kind's output is held to its catalogue signature
+(``tests/simulator/test_fault_model.py``).
 
 A :class:`Fault` is also the ground-truth record. ``onset`` is the first tick where the fault's own
 evidence is in the telemetry (precursor ramps start there too: a CE ramp before a UCE *is* the
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import klog
+from .faultmodel import APP_XIDS, CATALOGUE, HW_XIDS
 from .limits import fault_rate_per_hour, per_poll
 from .state import CLK_HW_SLOWDOWN, CLK_HW_THERMAL, CLK_SW_THERMAL, HostState
 from .timeline import Timeline
@@ -55,18 +59,10 @@ class Ctx:
         return self.start_ts + tick * self.interval
 
 
-# (min, max) duration in seconds from onset to end, log-uniform; and the component kind.
-DURATION: dict[str, tuple[float, float]] = {
-    "gpu_fell_off_bus": (3600, 8 * 3600), "gpu_dram_uce": (1800, 4 * 3600), "gpu_row_remap_failure": (2 * 3600, 12 * 3600),
-    "gpu_row_remap_pending": (1800, 4 * 3600), "gpu_sram_uce": (900, 2 * 3600), "gpu_ecc_sbe_storm": (2 * 3600, 24 * 3600),
-    "gpu_hw_error": (600, 3600), "gpu_nvlink_error": (1800, 6 * 3600), "gpu_gsp_error": (600, 3600),
-    "gpu_thermal": (1800, 8 * 3600), "pcie_link_degraded": (2 * 3600, 24 * 3600), "pcie_fatal": (900, 3600),
-    "net_link_bad_cable": (2 * 3600, 12 * 3600), "net_link_down": (1800, 8 * 3600), "host_dram_uce": (1800, 4 * 3600),
-    "host_dram_ce_storm": (2 * 3600, 24 * 3600), "host_unreachable": (3600, 12 * 3600), "app_error": (60, 300),
-}
-KIND = {m: "gpu" for m in DURATION}
-KIND.update({"pcie_link_degraded": "pci", "pcie_fatal": "pci", "net_link_bad_cable": "port", "net_link_down": "port",
-             "host_dram_uce": "dimm", "host_dram_ce_storm": "dimm", "host_unreachable": "host"})
+# The kinds, their components and durations, and their Xid codes: the one fault model (precursor
+# ramps: fleethealth.taxonomy.PRECURSORS).
+DURATION: dict[str, tuple[float, float]] = {k.mode: k.duration_s for k in CATALOGUE.values()}
+KIND: dict[str, str] = {k.mode: k.component for k in CATALOGUE.values()}
 
 
 def draw_duration(mode: str, rng: np.random.Generator) -> float:
@@ -270,9 +266,6 @@ def sbe_storm(c: Ctx, f: Fault) -> None:
 
     f.notes.append(f"DRAM CE ~{rate:.0f}/h ({mult:.1f}x the limit)" + ("; Xid 92" if xid92 else ""))
     c.tl.during(f.onset_tick, f.end_tick, f.host, step)
-
-
-HW_XIDS = (62, 109, 140, 143, 158)
 
 
 def hw_error(c: Ctx, f: Fault) -> None:
@@ -547,9 +540,6 @@ def unreachable(c: Ctx, f: Fault) -> None:
     f.notes.append("no telemetry until end; returns rebooted")
     c.tl.at(f.onset_tick, f.host, go)
     c.tl.at(back, f.host, come_back)
-
-
-APP_XIDS = (13, 31, 43)
 
 
 def app_error(c: Ctx, f: Fault) -> None:

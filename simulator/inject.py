@@ -1,20 +1,23 @@
 """``fleethealth collect --simulate --inject MODE[@GPU]``: a fault from the vocabulary on the simulated host.
 
-GPU modes go through the simulated NVML's fault API (``simulator.nvml.SimNvml``); host modes
-(EDAC, InfiniBand, PCIe AER) edit the simulated sysfs tree that ``simulator.host`` built, the
-way the kernel would change those files. Each label maps to one fault that leaves its evidence in
-the next sample. ``healthy`` and ``host_unreachable`` are not injectable (stop the collector to
-make a host unreachable).
+What each label does is the one fault model's signature (:mod:`simulator.faultmodel`), staged as
+one burst (an hour of a severe fault: 50x the operating limit of :mod:`simulator.limits`) through
+:class:`SimHostWriter`: GPU marks go through the simulated NVML's fault API
+(``simulator.nvml.SimNvml``), host marks (EDAC, InfiniBand, PCIe AER) edit the simulated sysfs tree
+that ``simulator.host`` built, the way the kernel would change those files. ``healthy`` and
+``host_unreachable`` are not injectable (stop the collector to make a host unreachable).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleethealth.errors import UserError
+
+from .faultmodel import CATALOGUE, stage
 
 
 @dataclass(frozen=True)
@@ -33,75 +36,115 @@ def _bump(path: Path, n: int) -> None:
     path.write_text(str(int(path.read_text().strip() or 0) + n))
 
 
-def _aer_fatal(sys_root: Path, gpu: int) -> None:
-    from simulator.host import AER_UNC, aer_text
+def _bump_aer(path: Path, name: str, total: str, n: int) -> None:
+    """Add ``n`` to line ``name`` and the ``total`` line of a sysfs aer_dev_* file."""
+    rows = dict(line.split() for line in path.read_text().splitlines() if line.strip())
+    for k in (name, total):
+        rows[k] = str(int(rows.get(k, "0")) + n)
+    path.write_text("".join(f"{k} {v}\n" for k, v in rows.items()))
 
-    _gpu_dir(sys_root, gpu).joinpath("aer_dev_fatal").write_text(
-        aer_text(AER_UNC, "TOTAL_ERR_FATAL", {"CmpltTO": 1, "MalfTLP": 1}))
+
+_IB_STATE = {"ACTIVE": "4: ACTIVE", "DOWN": "1: DOWN"}
+_IB_PHYS = {"LinkUp": "5: LinkUp", "Polling": "2: Polling", "Disabled": "3: Disabled"}
 
 
-def _edac(sys_root: Path, which: str, n: int) -> None:
-    mc = sys_root / "devices" / "system" / "edac" / "mc" / "mc0"
-    _bump(mc / f"{which}_count", n)
-    _bump(mc / "dimm0" / f"dimm_{which}_count", n)
+class SimHostWriter:
+    """:class:`simulator.faultmodel.Writer` onto the simulated host: GPU marks through the simulated
+    NVML's fault API, host marks as the kernel would change the sysfs files (AER, EDAC, InfiniBand).
+    NVLink errors land on link 0; a DIMM index is flat over the memory controllers (4 DIMMs each)."""
+
+    def __init__(self, nvml: Any, sys_root: Path, kmsg: Path | None = None) -> None:
+        self.nvml = nvml
+        self.sys = Path(sys_root)
+        self.kmsg = kmsg
+
+    def xid(self, index: int, code: int) -> None:
+        """The NVML Xid event, and the NVRM line the driver writes to the kernel log beside it (for a
+        GPU that fell off the bus the line is all there is: NVML cannot read a lost GPU's events)."""
+        self.nvml.xid(index, code)
+        if self.kmsg is not None:
+            from .host import GPU_BUSES
+            from .klog import XID_TEXT, prefix
+
+            bus = GPU_BUSES[index % 8] + index // 8
+            line = (f"{prefix(self._uptime())}NVRM: Xid (PCI:0000:{bus:02x}:00): {code}, pid='<unknown>', name=<unknown>, "
+                    f"{XID_TEXT.get(code, '')}\n")
+            with open(self.kmsg, "a", encoding="utf-8") as f:
+                f.write(line)
+
+    def _uptime(self) -> float:
+        """Seconds since the simulated host's boot (``btime`` of its /proc/stat): the line's time is now."""
+        import time
+
+        stat = self.sys.parent / "proc" / "stat"
+        btime = next((float(ln.split()[1]) for ln in stat.read_text().splitlines() if ln.startswith("btime ")),
+                     time.time()) if stat.exists() else time.time()
+        return max(0.0, time.time() - btime)
+
+    def lose(self, index: int) -> None:
+        self.nvml.lose(index)
+
+    def _mc(self, index: int) -> tuple[Path, Path]:
+        mc = self.sys / "devices" / "system" / "edac" / "mc" / f"mc{index // 4}"
+        return mc, mc / f"dimm{index % 4}"
+
+    def bump(self, index: int, counter: str, n: int) -> None:
+        nv = self.nvml
+        if counter.startswith("ecc."):
+            loc, kind = counter[4:].split("_")
+            nv.ecc_errors(index, n, location=loc, corrected=kind == "corrected")
+        elif counter == "pcie.replays":
+            nv.pcie_replays(index, n)
+        elif counter.startswith("nvlink."):
+            name = counter[7:]
+            nv.nvlink_errors(index, 0, **{"crc_data" if name == "data" else name: n})
+        elif counter == "aer.corrected":
+            _bump_aer(_gpu_dir(self.sys, index) / "aer_dev_correctable", "Timeout", "TOTAL_ERR_COR", n)
+        elif counter == "aer.uncorrectable":
+            _bump_aer(_gpu_dir(self.sys, index) / "aer_dev_fatal", "MalfTLP", "TOTAL_ERR_FATAL", n)
+        elif counter in ("ce", "ue"):
+            mc, dimm = self._mc(index)
+            _bump(mc / f"{counter}_count", n)
+            _bump(dimm / f"dimm_{counter}_count", n)
+        else:  # an InfiniBand port counter
+            _bump(_ib(self.sys, index) / "counters" / counter, n)
+
+    def set(self, index: int, field: str, value: Any) -> None:
+        nv = self.nvml
+        if field == "state":
+            (_ib(self.sys, index) / "state").write_text(_IB_STATE[value])
+        elif field == "phys_state":
+            (_ib(self.sys, index) / "phys_state").write_text(_IB_PHYS[value])
+        elif field == "remap.pending":
+            nv.remap_rows(index, pending=value)
+        elif field == "remap.failure":
+            nv.remap_rows(index, failure=value)
+        elif field == "ecc.sram_threshold":
+            nv.gpus[index].sram_threshold = value
+        elif field == "pcie.width":
+            nv.pcie_downtrain(index, gen=None, width=value)
+            (_gpu_dir(self.sys, index) / "current_link_width").write_text(str(value))
+        elif field == "clocks":
+            nv.gpus[index].reasons |= value
+        elif field == "temperature":
+            nv.gpus[index].temp = value
+        else:
+            raise ValueError(f"no field {field!r} on the simulated host")
 
 
 def _ib(sys_root: Path, port: int) -> Path:
     return sys_root / "class" / "infiniband" / f"mlx5_{port}" / "ports" / "1"
 
 
-def _ib_down(sys_root: Path, port: int) -> None:
-    p = _ib(sys_root, port)
-    (p / "state").write_text("1: DOWN")
-    (p / "phys_state").write_text("3: Disabled")
-    _bump(p / "counters" / "link_downed", 1)
-
-
-def _ib_bad_cable(sys_root: Path, port: int) -> None:
-    p = _ib(sys_root, port)
-    _bump(p / "counters" / "symbol_error", 5000)
-    _bump(p / "counters" / "link_error_recovery", 20)
-    _bump(p / "counters" / "port_rcv_errors", 500)
-
-
-# label -> (what it does, apply(nvml, sys_root, index)); the index is a GPU, or an IB port for net_*
-Fault = Callable[[Any, Path, int], None]
-FAULTS: dict[str, tuple[str, Fault]] = {
-    "gpu_fell_off_bus": ("Xid 79; the GPU answers GPU_IS_LOST", lambda n, s, i: n.fall_off_bus(i)),
-    "gpu_dram_uce": ("uncorrected DRAM ECC, a pending row remap, Xid 94", lambda n, s, i: n.dram_uce(i)),
-    "gpu_sram_uce": ("uncorrected SRAM ECC over the threshold, Xid 94",
-                     lambda n, s, i: n.sram_uce(i, threshold=True)),
-    "gpu_ecc_sbe_storm": ("5000 corrected DRAM ECC errors, Xid 92", lambda n, s, i: n.sbe_storm(i)),
-    "gpu_row_remap_pending": ("a row remap pending (needs a GPU reset)", lambda n, s, i: n.remap_pending(i)),
-    "gpu_row_remap_failure": ("row remapping failed, Xid 64", lambda n, s, i: n.remap_failure(i)),
-    "gpu_nvlink_error": ("CRC / replay / recovery errors on NVLink 0",
-                         lambda n, s, i: n.nvlink_errors(i, 0, crc_flit=500, crc_data=100, replay=50, recovery=3)),
-    "gpu_thermal": ("92 C with HW thermal slowdown", lambda n, s, i: n.thermal(i)),
-    "gpu_hw_error": ("Xid 62 (PMU halt)", lambda n, s, i: n.xid(i, 62)),
-    "gpu_gsp_error": ("Xid 119 (GSP RPC timeout)", lambda n, s, i: n.xid(i, 119)),
-    "app_error": ("Xid 13 (graphics engine exception: an application fault)", lambda n, s, i: n.xid(i, 13)),
-    "pcie_link_degraded": ("the GPU's link trains at Gen1 x8 (NVML and sysfs)",
-                           lambda n, s, i: _pcie_degraded(n, s, i)),
-    "pcie_fatal": ("fatal PCIe AER errors on the GPU's device", lambda n, s, i: _aer_fatal(s, i)),
-    "host_dram_uce": ("an uncorrected EDAC error on mc0 / dimm0", lambda n, s, i: _edac(s, "ue", 1)),
-    "host_dram_ce_storm": ("5000 corrected EDAC errors on mc0 / dimm0", lambda n, s, i: _edac(s, "ce", 5000)),
-    "net_link_down": ("InfiniBand port mlx5_N/1 DOWN / Disabled (N from @N)", lambda n, s, i: _ib_down(s, i)),
-    "net_link_bad_cable": ("symbol errors and link recoveries on mlx5_N/1", lambda n, s, i: _ib_bad_cable(s, i)),
-}
-
-
-def _pcie_degraded(nvml: Any, sys_root: Path, gpu: int) -> None:
-    nvml.pcie_downtrain(gpu, gen=1, width=8)
-    d = _gpu_dir(sys_root, gpu)
-    (d / "current_link_speed").write_text("2.5 GT/s PCIe")
-    (d / "current_link_width").write_text("8")
+# every kind of the one fault model but the host going silent (stop the collector for that)
+FAULTS: dict[str, str] = {k.mode: k.summary for k in CATALOGUE.values() if k.stageable}
 
 
 def supported() -> str:
-    return "\n".join(f"  {k:<22} {v[0]}" for k, v in sorted(FAULTS.items()))
+    return "\n".join(f"  {k:<22} {v}" for k, v in sorted(FAULTS.items()))
 
 
-def parse(specs: Iterable[str], n_gpus: int, n_ports: int = 8) -> list[Injection]:
+def parse(specs: Iterable[str], n_gpus: int, n_ports: int = 8, n_dimms: int = 8) -> list[Injection]:
     """``MODE[@INDEX]`` strings (comma-separated lists allowed) -> injections; UserError names the
     supported labels for an unknown one, and the range for a bad index."""
     out = []
@@ -111,7 +154,7 @@ def parse(specs: Iterable[str], n_gpus: int, n_ports: int = 8) -> list[Injection
         mode, _, idx = spec.partition("@")
         if mode not in FAULTS:
             raise UserError(f"--inject {spec!r}: unknown failure mode {mode!r}; injectable modes:\n{supported()}")
-        limit = n_ports if mode.startswith("net_") else n_gpus
+        limit = {"port": n_ports, "dimm": n_dimms}.get(CATALOGUE[mode].component, n_gpus)
         try:
             i = int(idx) if idx else 0
         except ValueError:
@@ -122,6 +165,13 @@ def parse(specs: Iterable[str], n_gpus: int, n_ports: int = 8) -> list[Injection
     return out
 
 
-def apply(injections: Iterable[Injection], nvml: Any, sys_root: Path) -> None:
+def component_kind(mode: str) -> str:
+    return {"port": "port", "dimm": "DIMM"}.get(CATALOGUE[mode].component, "GPU")
+
+
+def apply(injections: Iterable[Injection], nvml: Any, sys_root: Path, kmsg: Path | None = None) -> None:
+    """Stage each injection on the simulated host; with ``kmsg``, Xids are also written there as
+    kernel-log lines."""
+    w = SimHostWriter(nvml, Path(sys_root), kmsg)
     for inj in injections:
-        FAULTS[inj.mode][1](nvml, Path(sys_root), inj.gpu)
+        stage(inj.mode, w, inj.gpu)

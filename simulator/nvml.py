@@ -633,7 +633,25 @@ class SimNvml:
     def fall_off_bus(self, gpu: int, how: str = "lost") -> None:
         """Xid 79; then every call answers GPU_IS_LOST (``how="lost"``) or the handle UNKNOWN."""
         self._queue_xid(gpu, 79)
+        self.lose(gpu, how)
+
+    def lose(self, gpu: int, how: str = "lost") -> None:
+        """Every call answers GPU_IS_LOST (``how="lost"``) or the handle UNKNOWN; no Xid."""
         self.gpus[gpu].lost = how
+
+    def ecc_errors(self, gpu: int, n: int, *, location: str = "dram", corrected: bool = True) -> None:
+        """``n`` ECC errors on the volatile and aggregate counters only (no Xid, no remap)."""
+        kind = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED if corrected else pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        self._bump_ecc(gpu, kind, _DRAM if location == "dram" else _SRAM, n)
+
+    def remap_rows(self, gpu: int, *, pending: bool | None = None, failure: bool | None = None) -> None:
+        """Set the remapped-rows pending / failure flags (a pending remap also counts one row)."""
+        g = self.gpus[gpu]
+        if pending is not None:
+            g.remap[2] = int(pending)
+            g.remap[1] += int(pending)
+        if failure is not None:
+            g.remap[3] = int(failure)
 
     def vanish(self, gpu: int) -> None:
         self.gpus[gpu].enumerated = False

@@ -141,13 +141,13 @@ def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | 
     raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
 
 
-def _inject(args: argparse.Namespace, nvml: Any, sys_root: Path) -> None:
+def _inject(args: argparse.Namespace, nvml: Any, sys_root: Path, kmsg: Path) -> None:
     from simulator import inject
 
     specs = [*args.inject, os.environ.get("FLEETHEALTH_INJECT", "")]
     for inj in inject.parse(specs, args.sim_gpus):
-        inject.apply([inj], nvml, sys_root)
-        log.info("injected %s on %s %d", inj.mode, "port" if inj.mode.startswith("net_") else "GPU", inj.gpu)
+        inject.apply([inj], nvml, sys_root, kmsg)
+        log.info("injected %s on %s %d", inj.mode, inject.component_kind(inj.mode), inj.gpu)
 
 
 def run_reset_gpu(args: argparse.Namespace) -> int:
@@ -208,7 +208,7 @@ def run_collect(args: argparse.Namespace) -> int:
         sysfs, proc, kmsg = sysfs or str(paths["sys"]), proc or str(paths["proc"]), kmsg or str(paths["kmsg"])
         nvml = SimNvml(args.sim_gpus, seed=args.sim_seed, host=args.host)
         expected = args.expected_gpus or args.sim_gpus
-        _inject(args, nvml, paths["sys"])
+        _inject(args, nvml, paths["sys"], paths["kmsg"])
     elif sources:
         nvml, expected = None, args.expected_gpus  # dcgm-exporter stands in for NVML
         if args.inject or os.environ.get("FLEETHEALTH_INJECT"):

@@ -1,10 +1,10 @@
-"""`fleethealth collect --simulate --inject MODE[@N]`: every injectable label leaves its evidence in
-the sample the collector produces (through the real daemon, simulated NVML and sysfs tree)."""
+"""`fleethealth collect --simulate --inject MODE[@N]`: every injectable label leaves its whole
+signature (the one fault model's, simulator/faultmodel.py) in the sample the collector produces
+(through the real daemon, simulated NVML and sysfs tree), and only on the component named."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,7 +13,7 @@ from fleethealth.bus import read_values
 from fleethealth.errors import UserError
 from fleethealth.schema import Sample, decode_sample
 from fleethealth.taxonomy import MODES
-from simulator import inject
+from simulator import faultmodel, inject
 
 
 def collect(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
@@ -30,46 +30,15 @@ def collect(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
     return decode_sample(values[0])
 
 
-def xids(s: Sample, gpu: int) -> set[int]:
-    return {x.xid for x in s.gpus[gpu].xids}
-
-
-def aer(s: Sample, gpu: int) -> Any:
-    addr = s.gpus[gpu].pci_bus_id.lower()[-12:]  # 00000000:2a:00.0 (NVML) or 0000:2a:00.0 -> sysfs form
-    return next(d for d in s.aer if d.pci_addr.lower() == addr)
-
-
-def port(s: Sample, n: int) -> Any:
-    return next(p for p in s.net_ports if p.device == f"mlx5_{n}")
-
-
-# label -> check(sample, index) on the injected GPU / port
-EVIDENCE = {
-    "gpu_fell_off_bus": lambda s, i: s.gpus[i].nvml_error == "GPU_IS_LOST" or 79 in xids(s, i),
-    "gpu_dram_uce": lambda s, i: (s.gpus[i].ecc.dram_uncorrected_volatile >= 1 and s.gpus[i].remapped_rows.pending
-                                  and 94 in xids(s, i)),
-    "gpu_sram_uce": lambda s, i: s.gpus[i].ecc.sram_uncorrected_volatile >= 1 and s.gpus[i].ecc.sram_threshold_exceeded,
-    "gpu_ecc_sbe_storm": lambda s, i: s.gpus[i].ecc.dram_corrected_volatile >= 5000 and 92 in xids(s, i),
-    "gpu_row_remap_pending": lambda s, i: s.gpus[i].remapped_rows.pending,
-    "gpu_row_remap_failure": lambda s, i: s.gpus[i].remapped_rows.failure and 64 in xids(s, i),
-    "gpu_nvlink_error": lambda s, i: s.gpus[i].nvlink.crc_flit[0] >= 500 and s.gpus[i].nvlink.recovery[0] >= 3,
-    "gpu_thermal": lambda s, i: s.gpus[i].temperature_c >= 90 and s.gpus[i].clocks_event_reasons & 0x40,
-    "gpu_hw_error": lambda s, i: 62 in xids(s, i),
-    "gpu_gsp_error": lambda s, i: 119 in xids(s, i),
-    "app_error": lambda s, i: 13 in xids(s, i),
-    "pcie_link_degraded": lambda s, i: (s.gpus[i].pcie.gen_current == 1 and s.gpus[i].pcie.width_current == 8
-                                        and aer(s, i).link_width_current == 8),
-    "pcie_fatal": lambda s, i: sum(aer(s, i).fatal.values()) > 0,
-    "host_dram_uce": lambda s, i: s.edac[0].ue_count == 1 and s.edac[0].dimms[0].ue == 1,
-    "host_dram_ce_storm": lambda s, i: s.edac[0].ce_count == 5000,
-    "net_link_down": lambda s, i: port(s, i).state == "DOWN" and port(s, i).phys_state == "Disabled",
-    "net_link_bad_cable": lambda s, i: port(s, i).counters["symbol_error"] >= 5000,
-}
+def shows(mode: str, s: Sample, i: int, before: Sample | None = None) -> bool:
+    """The sample carries ``mode``'s whole signature (the one fault model's, severe marks included)
+    on component ``i``."""
+    comp = faultmodel.component_name(faultmodel.CATALOGUE[mode].component, s, i)
+    return not faultmodel.missing(mode, comp, before, [s], optional=True)
 
 
 def test_every_vocabulary_mode_but_healthy_and_unreachable_is_injectable() -> None:
     assert set(inject.FAULTS) == {str(m) for m in MODES} - {"healthy", "host_unreachable"}
-    assert set(EVIDENCE) == set(inject.FAULTS)
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +48,18 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Sample:
 
 @pytest.mark.parametrize("mode", sorted(inject.FAULTS))
 def test_injected_mode_shows_in_the_sample(mode: str, tmp_path: Path, healthy: Sample) -> None:
-    idx = 3 if not mode.startswith(("host_",)) else 0
+    idx = 3 if not mode.startswith(("host_",)) else 5  # DIMM 5: mc1, dimm1
     s = collect(tmp_path, "--inject", f"{mode}@{idx}")
-    assert EVIDENCE[mode](s, idx), f"{mode}: no evidence in the sample"
-    assert not EVIDENCE[mode](healthy, idx), f"{mode}: the healthy host already shows it"
-    if not mode.startswith(("host_", "net_")):
-        assert not EVIDENCE[mode](s, 2), f"{mode}: leaked onto GPU 2"
+    comp = faultmodel.component_name(faultmodel.CATALOGUE[mode].component, healthy, idx)  # a lost GPU names none
+    assert not faultmodel.missing(mode, comp, healthy, [s], optional=True), f"{mode}: not all of its signature"
+    assert not shows(mode, healthy, idx), f"{mode}: the healthy host already shows it"
+    assert not shows(mode, s, 2, before=healthy), f"{mode}: leaked onto component 2"
 
 
 def test_env_list_and_flags_combine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = collect(tmp_path, "--inject", "gpu_thermal@1", env={"FLEETHEALTH_INJECT": "gpu_hw_error@5,net_link_down@2"},
                 monkeypatch=monkeypatch)
-    assert EVIDENCE["gpu_thermal"](s, 1) and EVIDENCE["gpu_hw_error"](s, 5) and EVIDENCE["net_link_down"](s, 2)
+    assert shows("gpu_thermal", s, 1) and shows("gpu_hw_error", s, 5) and shows("net_link_down", s, 2)
 
 
 def test_unknown_label_lists_supported_ones(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """A small seeded fleet of hand-built samples with ground truth, for the ML tests.
 
-Independent of the fleet simulator on purpose: each test controls exactly what is injected (a
-labelled fault, an unlabelled drift, a reboot, a counter wrap) and the fleet stays tiny and fast.
-Hosts run jobs (all GPUs of a host share a load level), temperatures and power follow load with
-per-GPU offsets and noise, counters see rare background noise, and hosts reboot now and then
-(new boot_id, volatile counters back to 0).
+The fleet is its own (each test controls exactly what is injected: a labelled fault, an unlabelled
+drift, a reboot, a counter wrap, and the fleet stays tiny and fast); its faults are the one fault
+model's (simulator/faultmodel.py), staged every poll through the fixtures' sample writer at
+:data:`MULTIPLE` x the operating limits of simulator/limits.py. Hosts run jobs (all GPUs of a host
+share a load level), temperatures and power follow load with per-GPU offsets and noise, counters
+see rare background noise, and hosts reboot now and then (new boot_id, volatile counters back to 0).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from fleethealth.schema import (
     PcieLink,
     RemappedRows,
     Sample,
-    XidEvent,
 )
+from simulator import faultmodel
+from simulator.fixtures import SampleWriter
 
 MODES = ("gpu_dram_uce", "gpu_ecc_sbe_storm", "gpu_nvlink_error", "gpu_thermal", "pcie_link_degraded",
          "gpu_gsp_error", "gpu_fell_off_bus", "net_link_bad_cable", "net_link_down", "host_dram_ce_storm",
@@ -33,6 +35,7 @@ MODES = ("gpu_dram_uce", "gpu_ecc_sbe_storm", "gpu_nvlink_error", "gpu_thermal",
 NGPU, NPORT, NLINK = 8, 4, 6
 PORT_C = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors")
 T0 = 1_767_225_600.0  # 2026-01-01
+MULTIPLE = 50.0  # fault strength: x the operating limit (a severe fault, as collect --inject stages it)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class _Host:
     edac_ue: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
     boot: int = 0
     util: float = 0.0
+    fault: faultmodel.Held = field(default_factory=faultmodel.Held)
 
 
 @dataclass
@@ -81,12 +85,14 @@ def fleet(seed: int, hosts: int = 16, duration_s: float = 2 * 3600.0, interval_s
         mode = modes[int(rng.integers(len(modes)))]
         start = int(rng.integers(ticks // 6, ticks // 2))
         end = min(ticks, start + int(rng.integers(ticks // 6, ticks // 3)))
-        comp = int(rng.integers(NPORT if mode.startswith("net") else NGPU))
+        kind = faultmodel.CATALOGUE[mode].component
+        comp = int(rng.integers(NPORT if kind == "port" else NGPU)) % (4 if kind == "dimm" else NGPU)
         plan[int(h)] = (mode, comp, start, end)
         host = hs[int(h)]
-        cname = (f"mlx5_{comp}/1" if mode.startswith("net") else
-                 f"DIMM{comp % 4}" if mode.startswith("host") else uuid(host.name, comp))
-        truth.append(Fault(host.name, cname, mode, T0 + start * interval_s, T0 + end * interval_s))
+        # a DRAM UCE's pending row remap lingers (as in the fleet engine's Xid 48+63 variant)
+        secondary = ("gpu_row_remap_pending",) if mode == "gpu_dram_uce" else ()
+        truth.append(Fault(host.name, component(kind, host.name, comp), mode, T0 + start * interval_s,
+                           T0 + end * interval_s, secondary))
     out: list[Sample] = []
     for t in range(ticks):
         ts = T0 + t * interval_s
@@ -100,12 +106,19 @@ def fleet(seed: int, hosts: int = 16, duration_s: float = 2 * 3600.0, interval_s
                     g.crc = [0] * NLINK
                 host.ports = [dict.fromkeys(PORT_C, 0) for _ in range(NPORT)]
                 host.edac_ce, host.edac_ue = [0, 0, 0, 0], [0, 0, 0, 0]
+                host.fault.reset()
             out.append(_sample(rng, host, hi, t, ts, plan.get(hi), drifts, interval_s))
     return out, truth
 
 
 def uuid(host: str, i: int) -> str:
     return f"GPU-{host}-{i:02d}"
+
+
+def component(kind: str, host: str, i: int) -> str:
+    """The ground truth's name for this fleet's component ``i`` (as faultmodel.component_name)."""
+    return {"gpu": uuid(host, i), "pci": f"0000:{0x18 + 16 * i:02x}:00.0", "port": f"mlx5_{i}/1",
+            "dimm": f"DIMM{i}"}.get(kind, "host")
 
 
 def _sample(rng: np.random.Generator, host: _Host, hi: int, t: int, ts: float,
@@ -119,48 +132,21 @@ def _sample(rng: np.random.Generator, host: _Host, hi: int, t: int, ts: float,
         temp = 35 + 0.4 * util + g.offset + float(rng.normal(0, 0.7))
         power = 70 + 6 * util + float(rng.normal(0, 8))
         g.ce += int(rng.poisson(0.002))
-        thr, xids, width, present, err, pending = 0x1 if not util else 0, [], 16, True, None, False
+        thr = 0x1 if not util else 0
         for d in drifts:
             if d.host == hi and d.kind == "temp" and d.index == i and ts >= T0 + d.start_s:
                 temp += min(d.amount, d.amount * (ts - T0 - d.start_s) / 1800.0)
-        if active and i == comp:
-            if mode == "gpu_ecc_sbe_storm":
-                g.ce += int(rng.poisson(30))
-            elif mode == "gpu_dram_uce" and onset:
-                g.ue += 1
-                xids.append(XidEvent(xid=48, ts=ts))
-            elif mode == "gpu_row_remap_pending":
-                pending = True
-            elif mode == "gpu_nvlink_error":
-                g.crc[2] += int(rng.poisson(50))
-                if onset:
-                    xids.append(XidEvent(xid=74, ts=ts))
-            elif mode == "gpu_thermal":
-                temp += 25
-                thr |= 0x20 | 0x40
-            elif mode == "pcie_link_degraded":
-                width = 8
-                g.replay += int(rng.poisson(5))
-            elif mode == "gpu_gsp_error" and onset:
-                xids.append(XidEvent(xid=119, ts=ts))
-            elif mode == "gpu_fell_off_bus":
-                present, err = False, "GPU_IS_LOST"
-                if onset:
-                    xids.append(XidEvent(xid=79, ts=ts))
-        if not present:
-            gpus.append(GpuSample(index=i, uuid=uuid(host.name, i), present=False, nvml_error=err, xids=xids))
-            continue
         gpus.append(GpuSample(
             index=i, uuid=uuid(host.name, i), pci_bus_id=f"00000000:{0x18 + 16 * i:02X}:00.0",
             ecc=EccCounters(dram_corrected_volatile=g.ce, dram_uncorrected_volatile=g.ue, sram_corrected_volatile=0,
                             sram_uncorrected_volatile=0),
-            remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=pending, failure=False),
-            pcie=PcieLink(gen_current=5 if util else 1, gen_max=5, width_current=width, width_max=16,
+            remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
+            pcie=PcieLink(gen_current=5 if util else 1, gen_max=5, width_current=16, width_max=16,
                           replay_counter=g.replay),
             nvlink=NvlinkCounters(active=[True] * NLINK, crc_flit=list(g.crc), crc_data=[0] * NLINK,
                                   replay=[0] * NLINK, recovery=[0] * NLINK),
             temperature_c=round(temp, 1), power_w=round(power, 1), utilization_pct=round(util, 1),
-            clocks_event_reasons=thr, xids=xids))
+            clocks_event_reasons=thr))
     ports = []
     for p, c in enumerate(host.ports):
         c["symbol_error"] += int(rng.poisson(0.001))
@@ -168,21 +154,16 @@ def _sample(rng: np.random.Generator, host: _Host, hi: int, t: int, ts: float,
         for d in drifts:
             if d.host == hi and d.kind == "port" and d.index == p and ts >= T0 + d.start_s:
                 c["symbol_error"] += int(rng.poisson(min(d.amount, d.amount * (ts - T0 - d.start_s) / 3600.0)))
-        if active and mode == "net_link_bad_cable" and p == comp:
-            c["symbol_error"] += int(rng.poisson(20))
-            c["link_error_recovery"] += int(rng.random() < 0.2)
-            c["link_downed"] += int(rng.random() < 0.05)
-        if active and mode == "net_link_down" and p == comp:
-            state, phys = "DOWN", "Polling"
         ports.append(NetPort(device=f"mlx5_{p}", port=1, state=state, phys_state=phys, rate_gbps=400.0,
                              counters=dict(c)))
-    if active and mode == "host_dram_ce_storm":
-        host.edac_ce[comp % 4] += int(rng.poisson(20))
-    if active and onset and mode == "host_dram_uce":
-        host.edac_ue[comp % 4] += 1
     edac = [EdacMc(mc=m, ce_count=host.edac_ce[2 * m] + host.edac_ce[2 * m + 1],
                    ue_count=host.edac_ue[2 * m] + host.edac_ue[2 * m + 1],
                    dimms=[EdacDimm(label=f"DIMM{2 * m + k}", ce=host.edac_ce[2 * m + k], ue=host.edac_ue[2 * m + k])
                           for k in (0, 1)]) for m in (0, 1)]
-    return Sample(host=host.name, cluster="test", rack=host.rack, ts=ts, seq=t + 1, collector_version="synth",
-                  boot_id=f"boot-{host.boot}", expected_gpus=NGPU, gpus=gpus, net_ports=ports, edac=edac)
+    s = Sample(host=host.name, cluster="test", rack=host.rack, ts=ts, seq=t + 1, collector_version="synth",
+               boot_id=f"boot-{host.boot}", expected_gpus=NGPU, gpus=gpus, net_ports=ports, edac=edac)
+    if active:
+        strength = faultmodel.Strength(MULTIPLE, interval_s, draw=lambda mean: int(rng.poisson(mean)))
+        faultmodel.stage(mode, host.fault, comp, strength=strength, onset=onset)
+    host.fault.lay(SampleWriter(s), active=active)
+    return s

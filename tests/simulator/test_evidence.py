@@ -1,4 +1,5 @@
-"""Every failure mode appears, and each fault leaves its documented evidence in the telemetry."""
+"""The fleet engine: every failure mode appears, and each fault leaves its catalogue signature
+(simulator/faultmodel.py) and the engine's own kernel lines in the telemetry."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import pytest
 
 from fleethealth.schema import GpuSample, Sample
 from fleethealth.taxonomy import FAULT_LABELS
-from simulator.limits import LIMITS
-
-HW_XIDS = {62, 109, 140, 143, 158}
+from simulator import faultmodel
 
 
 def _gpu(s: Sample, uuid: str) -> GpuSample | None:
@@ -50,81 +49,14 @@ def _dimm(s: Sample, label: str):  # type: ignore[no-untyped-def]
 
 
 def check(t: dict, before: Sample | None, win: list[Sample], after: list[Sample]) -> str | None:
-    """None when the evidence is there, else what is missing."""
+    """None when the evidence is there, else what is missing: the one fault model's signature
+    (simulator/faultmodel.py) with the kernel lines the fleet engine writes, and the repair."""
     m, c = t["failure_mode"], t["component"]
-    lines = _lines(win)
-    if m == "gpu_fell_off_bus":
-        if not any(": 79, " in ln and "NVRM: Xid" in ln for ln in lines) or 79 not in _xids(win, c):
-            return "no Xid 79"
-        lost = [s for s in win if ((g := _gpu(s, c)) is None and len(s.gpus) < s.expected_gpus)
-                or (g is not None and not g.present and g.nvml_error == "GPU_IS_LOST")]
-        if not lost:
-            return "GPU not lost afterwards"
-    elif m == "gpu_dram_uce":
-        if _rises(before, win, lambda s: _ecc(s, c, "dram_uncorrected_volatile")) < 1 and not {48, 95} & _xids(win, c):
-            return "no DRAM UCE increment / Xid 48"
-    elif m == "gpu_row_remap_failure":
-        if 64 not in _xids(win, c) or not any((g := _gpu(s, c)) and g.remapped_rows.failure for s in win):
-            return "no Xid 64 / failure flag"
-    elif m == "gpu_row_remap_pending":
-        if not any((g := _gpu(s, c)) and g.remapped_rows.pending for s in win):
-            return "no pending flag"
-        if after and any((g := _gpu(s, c)) and g.remapped_rows.pending for s in after[:1]):
-            return "pending did not clear after the reset"
-    elif m == "gpu_sram_uce":
-        if _rises(before, win, lambda s: _ecc(s, c, "sram_uncorrected_volatile")) < 1 or not {94, 95} & _xids(win, c):
-            return "no SRAM UCE increment with Xid 94/95"
-    elif m == "gpu_ecc_sbe_storm":
-        hours = max(win[-1].ts - win[0].ts, 60.0) / 3600.0
-        if _rises(before, win, lambda s: _ecc(s, c, "dram_corrected_volatile")) < 0.8 * LIMITS["hbm_ce"].per_hour * hours:
-            return "CE rate not at the operating limit"
-    elif m == "gpu_hw_error":
-        if not HW_XIDS & _xids(win, c):
-            return "no hardware Xid"
-    elif m == "gpu_nvlink_error":
-        # a marginal link only counts CRC errors; one far past the limit also raises Xid 74
-        if _rises(before, win, lambda s: sum(_gpu(s, c).nvlink.crc_data) if _gpu(s, c) else 0) < 1:  # type: ignore[union-attr]
-            return "no NVLink CRC data counter rising"
-    elif m == "gpu_gsp_error":
-        if 119 not in _xids(win, c):
-            return "no Xid 119"
-    elif m == "gpu_thermal":
-        if not any((g := _gpu(s, c)) and g.clocks_event_reasons & 0x60 and g.temperature_c > 45 for s in win):
-            return "no thermal slowdown bits"
-    elif m == "pcie_link_degraded":
-        # replays always; a link far past the limit also retrains to x8
-        if _rises(before, win, lambda s: (g.pcie.replay_counter if (g := _gpu_by_pci(s, c)) and g.pcie else 0)) < 10:
-            return "replay counter not rising"
-    elif m == "pcie_fatal":
-        if not any(f"nvidia {c}: PCIe Bus Error: severity=Uncorrected" in ln for ln in lines):
-            return "no AER uncorrectable line"
-        tot = lambda s: sum(a.fatal.get("TOTAL_ERR_FATAL", 0) + a.nonfatal.get("TOTAL_ERR_NONFATAL", 0)  # noqa: E731
-                            for a in s.aer if a.pci_addr == c)
-        if _rises(before, win, tot) < 1:
-            return "no AER uncorrectable counter"
-    elif m == "net_link_bad_cable":
-        if _rises(before, win, lambda s: _port(s, c).counters["symbol_error"]) < 1:
-            return "no symbol errors"
-    elif m == "net_link_down":
-        if not any(_port(s, c).state == "DOWN" and _port(s, c).phys_state in ("Polling", "Disabled") for s in win):
-            return "port never DOWN"
-    elif m == "host_dram_uce":
-        if _rises(before, win, lambda s: _dimm(s, c).ue or 0) < 1:
-            return "no EDAC UE"
-        if not any(f"UE memory read error on {c}" in ln for ln in lines) or not any("mce: [Hardware Error]" in ln for ln in lines):
-            return "no EDAC UE / MCE line"
-    elif m == "host_dram_ce_storm":
-        if _rises(before, win, lambda s: _dimm(s, c).ce or 0) < len(win):
-            return "DIMM CE not storming"
-    elif m == "host_unreachable":
-        if win[1:]:
-            return f"{len(win) - 1} samples while unreachable"
-    elif m == "app_error":
-        x = _xids(win, c)
-        if not {13, 31, 43} & x or 45 not in x:
-            return "no application Xid followed by 45"
-    else:
-        return f"unchecked mode {m}"
+    why = faultmodel.missing(m, c, before, win, klog=True)
+    if why:
+        return "; ".join(why)
+    if m == "gpu_row_remap_pending" and after and any((g := _gpu(s, c)) and g.remapped_rows.pending for s in after[:1]):
+        return "pending did not clear after the reset"
     return None
 
 
