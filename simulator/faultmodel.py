@@ -207,7 +207,9 @@ def count(mark: Rises, strength: Strength) -> int:
 def stage(mode: str, w: Writer, index: int, *, strength: Strength = BURST, onset: bool = True) -> None:
     """Write one poll of fault ``mode`` on component ``index``: rate counters move by ``strength``,
     states hold; event marks (Xids, event counters, a lost GPU) only at ``onset``."""
-    kind = CATALOGUE[mode]
+    kind = CATALOGUE.get(mode)
+    if kind is None:
+        raise ValueError(f"unknown failure mode {mode!r}; the catalogue has {', '.join(sorted(CATALOGUE))}")
     if not kind.stageable:
         raise ValueError(f"{mode} has no sample to stage (the host sends nothing)")
     for m in kind.marks:

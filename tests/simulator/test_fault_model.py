@@ -93,9 +93,11 @@ def test_the_ml_test_fleet_stages_the_catalogue() -> None:
         assert faultmodel.missing(f.failure_mode, f.component, before[-1], win, optional=True) == [], f
 
 
-def test_stage_refuses_a_kind_with_no_sample() -> None:
+def test_stage_refuses_a_kind_with_no_sample_and_an_unknown_one() -> None:
     with pytest.raises(ValueError, match="host_unreachable"):
         fixtures.fault(fixtures.sample(), "host_unreachable")
+    with pytest.raises(ValueError, match="unknown failure mode 'gpu_dram_uec'"):
+        fixtures.fault(fixtures.sample(), "gpu_dram_uec")
 
 
 # Where a table of failure modes is allowed, and why it is not a second fault definition.
