@@ -20,18 +20,25 @@ __all__ = ["LazyPattern", "lazy"]
 
 
 class LazyPattern:
-    __slots__ = ("pattern", "flags", "_rx")
+    __slots__ = ("pattern", "flags", "_rx", "_home")
 
-    def __init__(self, pattern: str, flags: int = 0) -> None:
+    def __init__(self, pattern: str, flags: int = 0, home: dict[str, Any] | None = None) -> None:
         self.pattern = pattern
         self.flags = flags
         self._rx: re.Pattern[str] | None = None
+        self._home = home
 
     @property
     def compiled(self) -> re.Pattern[str]:
         rx = self._rx
         if rx is None:
             rx = self._rx = re.compile(self.pattern, self.flags)
+            home, self._home = self._home, None
+            if home is not None:
+                # a module-level pattern: its module's global now names the compiled pattern itself,
+                # so the functions that read it pay nothing for the laziness after the first use
+                for name in [k for k, v in home.items() if v is self]:
+                    home[name] = rx
         return rx
 
     def match(self, string: str, pos: int = 0, endpos: int = sys.maxsize) -> re.Match[str] | None:
@@ -64,5 +71,6 @@ class LazyPattern:
 
 
 def lazy(pattern: str, flags: int | re.RegexFlag = 0) -> LazyPattern:
-    """A pattern compiled the first time it is used (``re.compile``'s signature)."""
-    return LazyPattern(pattern, int(flags))
+    """A pattern compiled the first time it is used (``re.compile``'s signature). Assigned to a
+    module-level name, that name is rebound to the compiled :class:`re.Pattern` on first use."""
+    return LazyPattern(pattern, int(flags), sys._getframe(1).f_globals)

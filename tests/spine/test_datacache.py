@@ -120,3 +120,11 @@ def test_diagnose_with_a_warm_cache_imports_no_yaml(tmp_path: Path) -> None:
     assert warm == "RC 1 YAML []", runs[1].stdout[-500:] + runs[1].stderr
     findings = [r.stdout.splitlines()[:-1] for r in runs]
     assert findings[0] and findings[0] == findings[1]  # the same findings from a cold and a warm start
+
+
+def test_a_module_level_lazy_pattern_becomes_the_compiled_one_on_first_use() -> None:
+    ns: dict[str, object] = {"lazy": lazy}
+    exec("X = lazy(r'a(b)')\nfound = lambda s: X.search(s)", ns)  # noqa: S102 - a module body, literally
+    assert not isinstance(ns["X"], re.Pattern)
+    assert ns["found"]("xab").group(1) == "b"  # type: ignore[operator]
+    assert isinstance(ns["X"], re.Pattern) and ns["X"].pattern == "a(b)"  # type: ignore[union-attr]
