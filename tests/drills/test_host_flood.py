@@ -1,14 +1,14 @@
-"""Drill: 10,000 forged host names through the real broker into ``fleethealth detect`` (review F9).
+"""Drill: 4,000 forged host names through the real broker into ``fleethealth detect`` (review F9).
 
 Each forged name sends one realistic 8-GPU sample (about 11 KiB of JSON) after 20 honest hosts have
 warmed up. Three real workers, one after the other, each on a fresh topic:
 
 * ``--host-allowlist`` (the 20 honest hosts): every forged sample is dead-lettered before it is
   decoded; no host state, RSS growth only the client's buffers;
-* ``--max-hosts 1000``: state for at most 1,000 hosts (the rest dead-lettered: none is silent yet;
+* ``--max-hosts 400``: state for at most 400 hosts (the rest dead-lettered: none is silent yet;
   under a flood the free places go to whoever comes first: the bound protects memory, the allowlist
   the honest hosts);
-* the default bound (25,000): all 10,000 kept. Its RSS growth per host is the figure behind the bound
+* the default bound (25,000): all 4,000 kept. Its RSS growth per host is the figure behind the bound
   (the default bound times it is the most host state can take).
 
 RSS comes from /proc after the honest warm-up was consumed (before the flood is published) and
@@ -30,9 +30,9 @@ from simulator.fixtures import HostSeries
 from tests.drills import harness as h
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]
-FORGED = 10_000
+FORGED = 4_000
 HONEST = 20
-MAX_HOSTS = 1000
+MAX_HOSTS = 400
 
 
 def _publish(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:
