@@ -20,9 +20,12 @@ from .rates import rates_per_host_hour
 from .timeline import Timeline
 from .topology import GPUS_PER_HOST, PORTS_PER_HOST, HostSpec
 
-SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases", "slow-drift")
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases", "slow-drift",
+             "training")
 # slow-drift: faults a threshold sees late by design: cables whose error rate creeps up from a tenth
 # of the limit, and HBM UCEs after hours of growing corrected errors (what the models must beat).
+# training: the default fault mix beside many healthy near-limit parts (engine.NEAR_LIMIT_BOOST), so
+# that the ML detectors learn what a busy but healthy HBM stack, cable, riser, DIMM or NVLink looks like.
 SLOW_DRIFT_MODES = ("net_link_bad_cable", "gpu_dram_uce")
 # hard-cases: the counter faults whose strength decides whether a threshold is right (limits.py),
 # in numbers a scorecard can measure recall on, beside the benign near-limit noise (engine.py).

@@ -6,8 +6,13 @@ counter deltas and the feature rows are built once per window (``window_s`` of s
 is what keeps the ML path cheap at fleet rates. A window yields a :class:`WindowFeatures`:
 one row per GPU, one per network port, one for the host.
 
-Rates are per minute over the window's sample-time span. Counters are differenced with
-:func:`detectors.ml.counters.deltas` (the engine's counter_delta; no reset or wrap spikes); a ``boot_id`` change, a gap
+Rates are per minute over the window's sample-time span, except for the counters that have a
+published operating limit (:mod:`fleethealth.limits`): their features (``*_x``) are the rate as a
+multiple of that limit — HBM corrected ECC per GPU, PCIe replays per GPU, NVLink data-path errors of
+the GPU's worst link, IB symbol errors per port, corrected errors of the worst DIMM — so 1.0 is the
+line the field draws, whatever the poll interval or window, and a busy healthy part sits under it.
+Counters are differenced with :func:`detectors.ml.counters.deltas` (the engine's counter_delta; no
+reset or wrap spikes); a ``boot_id`` change, a gap
 longer than ``max_gap_s`` or the first sample of a host re-baselines without emitting a window.
 Samples older than or equal to the host's last timestamp (duplicates, out of order) are skipped
 and counted in ``state.skipped``.
@@ -25,10 +30,11 @@ import numpy as np
 from detectors.engine.state import saturation
 from detectors.ml.counters import deltas
 from fleethealth.ids import normalise_pci as _normalise_pci
+from fleethealth.limits import LIMITS
 from fleethealth.schema import GpuSample, NetPort, NvlinkCounters, Sample
 from fleethealth.xid import xid_table
 
-FEATURE_SPEC = 1  # bump when a feature's meaning changes: models trained on another spec are refused
+FEATURE_SPEC = 2  # bump when a feature's meaning changes: models trained on another spec are refused
 
 XID_BUCKETS = ("RESET_GPU", "CONTACT_SUPPORT", "RESTART_APP", "RESTART_BM", "WORKFLOW_XID_48",
                "WORKFLOW_NVLINK", "OTHER")
@@ -38,12 +44,12 @@ THROTTLE_BITS = (("thr_hw_slowdown", 0x8), ("thr_sw_thermal", 0x20), ("thr_hw_th
                  ("thr_power_brake", 0x80))
 
 GPU_FEATURES: tuple[str, ...] = (
-    "dram_ce_rate", "dram_ue", "sram_ce_rate", "sram_ue", "sram_threshold",
+    "dram_ce_x", "dram_ue", "sram_ce_rate", "sram_ue", "sram_threshold",
     "remap_corr", "remap_uncorr", "remap_pending", "remap_failure",
     "retired_sbe", "retired_dbe", "retired_pending",
-    "pcie_replay_rate", "pcie_gen_ratio", "pcie_width_ratio", "pcie_degraded_under_load",
+    "pcie_replay_x", "pcie_gen_ratio", "pcie_width_ratio", "pcie_degraded_under_load",
     "aer_cor_rate", "aer_uncor",
-    "nvlink_crc_rate", "nvlink_replay_rate", "nvlink_recovery_rate", "nvlink_worst_link_rate",
+    "nvlink_crc_rate", "nvlink_replay_rate", "nvlink_recovery_rate", "nvlink_worst_link_x",
     "nvlink_links_inactive",
     "temp_c", "temp_dev", "temp_z", "power_w", "power_dev", "util_pct", "util_dev",
     *(name for name, _ in THROTTLE_BITS),
@@ -53,13 +59,18 @@ GPU_FEATURES: tuple[str, ...] = (
 PORT_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                  "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                  "excessive_buffer_overrun_errors")
+# the port counters' rate features, in PORT_COUNTERS order (symbol errors against their limit)
+PORT_RATES: tuple[str, ...] = tuple("symbol_error_x" if c == "symbol_error" else f"{c}_rate" for c in PORT_COUNTERS)
 PORT_FEATURES: tuple[str, ...] = (
-    *(f"{c}_rate" for c in PORT_COUNTERS), "state_down", "phys_not_linkup", "rate_ratio", "symbol_dev",
+    *PORT_RATES, "state_down", "phys_not_linkup", "rate_ratio", "symbol_dev",
 )
 HOST_FEATURES: tuple[str, ...] = (
-    "edac_ce_rate", "edac_ue", "edac_max_dimm_ce_rate", "gpus_missing", "kern_mce", "kern_fell_off_bus",
+    "edac_ce_rate", "edac_ue", "edac_max_dimm_ce_x", "gpus_missing", "kern_mce", "kern_fell_off_bus",
     "kern_aer", "aer_other_cor_rate", "aer_other_uncor",
 )
+# per-minute rate -> multiple of the counter's limit
+X_HBM, X_PCIE, X_NVLINK, X_SYMBOL, X_DIMM = (60.0 / LIMITS[n].per_hour for n in (
+    "hbm_ce", "pcie_replays", "nvlink_crc", "ib_symbol_errors", "dimm_ce"))
 GI = {n: i for i, n in enumerate(GPU_FEATURES)}
 PI = {n: i for i, n in enumerate(PORT_FEATURES)}
 HI = {n: i for i, n in enumerate(HOST_FEATURES)}
@@ -215,8 +226,8 @@ def _gpu_static(st: HostFeatureState, key: str, g: GpuSample, per_min: float) ->
     if prev != cur:
         d = deltas(prev, cur)
         st.gpu_snap[key] = cur
-        row[0], row[1], row[2], row[3] = d[0] * per_min, d[1], d[2] * per_min, d[3]
-        row[5], row[6], row[9], row[10], row[12] = d[4], d[5], d[6], d[7], d[8] * per_min
+        row[0], row[1], row[2], row[3] = d[0] * per_min * X_HBM, d[1], d[2] * per_min, d[3]
+        row[5], row[6], row[9], row[10], row[12] = d[4], d[5], d[6], d[7], d[8] * per_min * X_PCIE
     e, rr, rp, p = g.ecc, g.remapped_rows, g.retired_pages, g.pcie
     if e is not None and e.sram_threshold_exceeded:
         row[4] = 1.0
@@ -246,7 +257,7 @@ def _gpu_static(st: HostFeatureState, key: str, g: GpuSample, per_min: float) ->
                 crc = [nd[i] + nd[n + i] for i in range(n)]
                 rep, rec = nd[2 * n:3 * n], nd[3 * n:]
                 row[18], row[19], row[20] = sum(crc) * per_min, sum(rep) * per_min, sum(rec) * per_min
-                row[21] = max(crc[i] + rep[i] + rec[i] for i in range(n)) * per_min
+                row[21] = max(nd[n:2 * n]) * per_min * X_NVLINK  # the worst link's data-path errors
         if False in nvl.active:
             row[22] = float(nvl.active.count(False))
     return row, min(gen_r, width_r)
@@ -373,6 +384,7 @@ def _port_row(st: HostFeatureState, p: NetPort, per_min: float) -> list[float]:
         d = deltas(prev, cur, _PORT_SATURATION)
         st.port_snap[key] = cur
         row = [x * per_min for x in d]
+        row[0] *= X_SYMBOL
         row[2] = float(d[2])  # link_downed: a count, not a rate
     else:
         row = _ZERO_PORT.copy()
@@ -473,7 +485,7 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
                 st.edac_snap[dk] = [dimm.ce, dimm.ue]
                 if dd[0] > best_ce:
                     best_dimm, best_ce = dimm.label, dd[0]
-    host[2] = best_ce * per_min
+    host[2] = best_ce * per_min * X_DIMM
     present = sum(1 for g in s.gpus if g.present and g.nvml_error is None)
     host[3] = float(max(0, s.expected_gpus - present)) if s.expected_gpus else 0.0
     host[4], host[5], host[6] = st.kern

@@ -9,6 +9,12 @@ A row is scored only when it shows something beyond the healthy noise the model 
   temperature z-score against the host's other GPUs. Each threshold is ``margin`` times the
   99.99th percentile of that feature on healthy training rows, and never below a floor.
 
+The floor of a rate measured against its published limit (the ``*_x`` features) is
+:data:`X_FLOOR` of that limit: the limit is where the field's tools draw the line, and busy
+healthy parts run steadily under it (an HBM stack correcting a few dozen errors an hour, a long
+cable, an NVLink retrying). Below ``X_FLOOR`` x the limit the model abstains — that is noise by the
+same yardstick the rules use, and a model that scored it named healthy near-limit NVLinks faults.
+
 Application Xids (13, 31, 43, 45: a job crashed) open nothing on their own: the rules name them
 (``app_error``, annotate only). The thresholds live in the model's sidecar (``gate``), so training
 and scoring use the same gate; quiet rows are healthy by construction.
@@ -20,7 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from detectors.ml.features import GPU_FEATURES, HOST_FEATURES, PORT_COUNTERS, PORT_FEATURES
+from detectors.ml.features import GPU_FEATURES, HOST_FEATURES, PORT_FEATURES, PORT_RATES
 
 _APP_XID = ("xid_bucket_restart_app", "xid_bucket_other", "xid_app_error")
 HARD: dict[str, tuple[str, ...]] = {
@@ -31,13 +37,15 @@ HARD: dict[str, tuple[str, ...]] = {
     "port": ("link_downed_rate", "state_down", "phys_not_linkup"),
     "host": ("edac_ue", "gpus_missing", "kern_mce", "kern_fell_off_bus", "aer_other_uncor"),
 }
-# learned feature -> floor of its threshold (rates per minute; temp_z in robust standard deviations)
+X_FLOOR = 0.6  # of the published limit (features *_x); healthy busy parts run at up to ~0.55x
+# learned feature -> floor of its threshold (rates per minute, *_x in multiples of the limit; temp_z
+# in robust standard deviations)
 FLOORS: dict[str, dict[str, float]] = {
-    "gpu": {"dram_ce_rate": 3.0, "sram_ce_rate": 3.0, "pcie_replay_rate": 3.0, "aer_cor_rate": 3.0,
+    "gpu": {"dram_ce_x": X_FLOOR, "sram_ce_rate": 3.0, "pcie_replay_x": X_FLOOR, "aer_cor_rate": 3.0,
             "nvlink_crc_rate": 3.0, "nvlink_replay_rate": 3.0, "nvlink_recovery_rate": 1.0,
-            "nvlink_worst_link_rate": 3.0, "temp_z": 4.0},
-    "port": {f"{c}_rate": 3.0 for c in PORT_COUNTERS if c != "link_downed"},
-    "host": {"edac_ce_rate": 3.0, "edac_max_dimm_ce_rate": 3.0, "aer_other_cor_rate": 3.0, "kern_aer": 1.0},
+            "nvlink_worst_link_x": X_FLOOR, "temp_z": 4.0},
+    "port": {n: X_FLOOR if n.endswith("_x") else 3.0 for n in PORT_RATES if n != "link_downed_rate"},
+    "host": {"edac_ce_rate": 3.0, "edac_max_dimm_ce_x": X_FLOOR, "aer_other_cor_rate": 3.0, "kern_aer": 1.0},
 }
 NAMES = {"gpu": GPU_FEATURES, "port": PORT_FEATURES, "host": HOST_FEATURES}
 QUANTILE = 0.9999

@@ -28,10 +28,21 @@ import numpy as np
 
 from detectors.engine.finding import Finding
 from detectors.ml.batching import WindowBatcher
-from detectors.ml.features import GI, HI, PI, PORT_COUNTERS, FeatureStream, WindowFeatures, pci_of_gpu
+from detectors.ml.features import (
+    GI,
+    HI,
+    PI,
+    PORT_COUNTERS,
+    PORT_RATES,
+    FeatureStream,
+    WindowFeatures,
+    pci_of_gpu,
+)
 from fleethealth.schema import Evidence
 
-GPU_RATES = ("dram_ce_rate", "sram_ce_rate", "pcie_replay_rate", "aer_cor_rate", "nvlink_crc_rate",
+# NVLink by its worst link against the limit, not the sum of flit and data CRC errors: a busy healthy
+# NVLink retries tens of flits a minute, far out of line with its idle peers and still healthy.
+GPU_RATES = ("dram_ce_x", "sram_ce_rate", "pcie_replay_x", "aer_cor_rate", "nvlink_worst_link_x",
              "nvlink_replay_rate", "nvlink_recovery_rate")
 PEER_FEATURES: dict[str, tuple[str, ...]] = {
     "gpu": ("temp_adj", "power_adj", *(f"{r}_dev" for r in GPU_RATES)),
@@ -44,16 +55,16 @@ FLOORS: dict[str, tuple[float, ...]] = {
     "rack": (8.0, 1.0, 1.0),
 }
 MODE_OF: dict[str, str] = {
-    "temp_adj": "gpu_thermal", "power_adj": "gpu_hw_error", "dram_ce_rate_dev": "gpu_ecc_sbe_storm",
-    "sram_ce_rate_dev": "gpu_ecc_sbe_storm", "pcie_replay_rate_dev": "pcie_link_degraded",
-    "aer_cor_rate_dev": "pcie_link_degraded", "nvlink_crc_rate_dev": "gpu_nvlink_error",
+    "temp_adj": "gpu_thermal", "power_adj": "gpu_hw_error", "dram_ce_x_dev": "gpu_ecc_sbe_storm",
+    "sram_ce_rate_dev": "gpu_ecc_sbe_storm", "pcie_replay_x_dev": "pcie_link_degraded",
+    "aer_cor_rate_dev": "pcie_link_degraded", "nvlink_worst_link_x_dev": "gpu_nvlink_error",
     "nvlink_replay_rate_dev": "gpu_nvlink_error", "nvlink_recovery_rate_dev": "gpu_nvlink_error",
     "rate_deficit": "net_link_bad_cable", "gpu_temp_mean_dev": "gpu_thermal", "edac_ce_dev": "host_dram_ce_storm",
     "port_err_dev": "net_link_bad_cable",
     **{f"{c}_dev": "net_link_bad_cable" for c in PORT_COUNTERS},
 }
 _GPU_RATE_COLS = [GI[r] for r in GPU_RATES]
-_PORT_RATE_COLS = [PI[f"{c}_rate"] for c in PORT_COUNTERS]
+_PORT_RATE_COLS = [PI[n] for n in PORT_RATES]
 
 
 def _med_dev(x: np.ndarray) -> np.ndarray:

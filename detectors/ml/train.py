@@ -39,6 +39,7 @@ class TrainConfig:
     seeds: tuple[int, ...] = (1, 2)
     holdout_seed: int = 99
     fault_rate: float = 200.0
+    scenario: str = "training"  # the simulator scenario of the fleets (recorded; the loader simulates them)
     window_s: float = 60.0
     threshold: float = 0.9
     drain_threshold: float = 0.97
@@ -233,9 +234,10 @@ def evaluate(sup: SupervisedDetector | None, peer: PeerDetector | None, fleet: F
                 truth, ex = by_comp.get(f.component, host_lab)
                 if w.host not in faulty:
                     healthy_hosts_flagged[name].add(w.host)
-                if name == "peer":
-                    peer_tp += truth != HEALTHY
-                    peer_fp += truth == HEALTHY
+                if name == "peer":  # on a faulty part, or in the corrected-error ramp before its UCE
+                    on = truth != HEALTHY or bool(ex)
+                    peer_tp += on
+                    peer_fp += not on
                     continue
                 if truth == f.failure_mode:
                     tp[f.failure_mode] += 1
@@ -278,7 +280,7 @@ def train(cfg: TrainConfig, load: Callable[[int], Fleet]) -> TrainResult:
     common = {"version": MODEL_VERSION, "feature_spec": FEATURE_SPEC, "window_s": cfg.window_s,
               "sklearn_version": sklearn.__version__, "numpy_version": np.__version__,
               "trained_on": {"seeds": list(cfg.seeds), "hosts": cfg.hosts, "duration_s": cfg.duration_s,
-                             "interval_s": cfg.interval_s, "fault_rate": cfg.fault_rate,
+                             "interval_s": cfg.interval_s, "fault_rate": cfg.fault_rate, "scenario": cfg.scenario,
                              "samples": sum(fl.samples for fl in fleets),
                              "windows": sum(len(fl.windows) for fl in fleets),
                              "data_end_ts": data_end, "command": cfg.command},

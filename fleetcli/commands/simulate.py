@@ -14,7 +14,8 @@ from fleethealth.cliutil import flag, kafka_client_flag
 from fleethealth.errors import UserError
 
 # the simulator's scenarios (plan.SCENARIOS; a literal here keeps --help free of numpy imports)
-SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases", "slow-drift")
+SCENARIOS = ("default", "flapping-cable", "sbe-storm-no-uce", "driver-update", "hard-cases", "slow-drift",
+             "training")
 
 SIM_HELP = """\
 Write a labelled synthetic fleet recording: N hosts (8 H100-like GPUs with 18 NVLinks, 8 NDR

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fleetcli.commands.simulate import SCENARIOS
 from fleethealth.cliutil import flag
 from fleethealth.errors import UserError
 
@@ -26,10 +27,12 @@ with --holdout-seed (never used in training) and print the metrics.
 
 Models are written to --out as skops archives (no code runs on load; types are checked against an
 allow-list) with a JSON sidecar: version, feature names, training seeds and sizes, sklearn
-version, metrics. The shipped model in detectors/models/ was made with:
+version, metrics. The fleets are simulated with --scenario training by default: the default
+fault mix beside many healthy near-limit parts, which the models must learn to leave alone. The
+shipped models in detectors/models/ were made with (seeds no shipped recording uses):
 
-  fleethealth train --hosts 32 --duration 4h --interval 10 --seed 1 --seed 2 --seed 3 --seed 4 \\
-      --holdout-seed 99 --fault-rate 2000 --min-per-mode 3 --out detectors/models/
+  fleethealth train --hosts 32 --duration 4h --interval 10 --seed 21 --seed 22 --seed 23 --seed 24 \\
+      --holdout-seed 99 --fault-rate 2000 --min-per-mode 3 --window 120 --out detectors/models/
 """
 
 
@@ -54,6 +57,9 @@ def register(sub: Any) -> None:
     flag(p, "--fault-rate", type=float, default=2000.0,
          help="multiplier on the default fault rates (training needs many faults)")
     flag(p, "--min-per-mode", type=int, default=2, help="at least this many faults of every mode per fleet")
+    flag(p, "--scenario", default="training", choices=list(SCENARIOS),
+         help="simulator scenario of the training and held-out fleets (default 'training': the default fault "
+              "mix beside many healthy near-limit parts)")
     flag(p, "--window", type=float, default=60.0, help="feature window, seconds of sample time")
     flag(p, "--threshold", type=float, default=0.9, help="minimum class probability for a classifier finding")
     flag(p, "--out", type=Path, default=Path("detectors/models"), help="folder for the model files")
@@ -77,7 +83,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.hosts < 4:
         raise UserError("--hosts must be at least 4 (peer comparison needs a rack)")
     cfg = TrainConfig(hosts=args.hosts, duration_s=args.duration, interval_s=args.interval, seeds=seeds,
-                      holdout_seed=args.holdout_seed, fault_rate=args.fault_rate, window_s=args.window,
+                      holdout_seed=args.holdout_seed, fault_rate=args.fault_rate, scenario=args.scenario,
+                      window_s=args.window,
                       threshold=args.threshold,
                       command="fleethealth " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     per_fleet = args.hosts * int(args.duration // args.interval)
@@ -92,7 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"seed {seed}")
         out = tmp / f"seed{seed}.jsonl.gz"
         spec = RunSpec(hosts=cfg.hosts, duration_s=cfg.duration_s, interval_s=cfg.interval_s, seed=seed,
-                       fault_rate=cfg.fault_rate, min_per_mode=args.min_per_mode)
+                       fault_rate=cfg.fault_rate, min_per_mode=args.min_per_mode, scenario=cfg.scenario)
         spec.check()
         simulate(spec, out)
         try:

@@ -165,7 +165,7 @@ def test_peer_pcie_findings_name_the_pci_address_like_the_rules() -> None:
     w = _windows(FeatureStream(), samples)[-1]
     dev = peer.deviations(w)["gpu"][1]
     model = peer.models["gpu"]
-    j = model.names.index("pcie_replay_rate_dev")
+    j = model.names.index("pcie_replay_x_dev")
     assert abs(dev[5, j]) > model.limit[j]  # out of the envelope: what the forest is asked to confirm
     f = peer._finding(w, "gpu", w.gpu_ids[5], dev[5], model, j, 3)
     assert f.failure_mode == "pcie_link_degraded" and f.component == "0000:68:00.0"

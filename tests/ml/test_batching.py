@@ -76,15 +76,15 @@ def test_gate_learns_the_noise_and_lets_hard_signals_through() -> None:
     rng = np.random.default_rng(0)
     healthy = np.zeros((20_000, len(GPU_FEATURES)))
     healthy[:, GI["temp_z"]] = rng.normal(0, 2.0, 20_000)
-    healthy[rng.integers(0, 20_000, 40), GI["dram_ce_rate"]] = 8.0  # a CE now and then
+    healthy[rng.integers(0, 20_000, 40), GI["dram_ce_x"]] = 1.2  # a few CEs now and then
     gate = learn_gate({"gpu": healthy})
     t = gate.thresholds["gpu"]
-    assert t["dram_ce_rate"] >= 8.0 and t["temp_z"] > FLOORS["gpu"]["temp_z"]
+    assert t["dram_ce_x"] >= 1.2 and t["temp_z"] > FLOORS["gpu"]["temp_z"]
     assert gate.mask("gpu", healthy).mean() < 0.001
     rows = np.zeros((4, len(GPU_FEATURES)))
     rows[0, GI["dram_ue"]] = 1  # an uncorrectable error: always scored
     rows[1, GI["xid_app_error"]] = rows[1, GI["xid_bucket_restart_app"]] = 1  # a job crash: not scored
-    rows[2, GI["dram_ce_rate"]] = 10 * t["dram_ce_rate"]  # a storm
+    rows[2, GI["dram_ce_x"]] = 10 * t["dram_ce_x"]  # a storm
     assert gate.mask("gpu", rows).tolist() == [True, False, True, False]
     assert Gate(gate.to_json()).mask("gpu", healthy).tolist() == gate.mask("gpu", healthy).tolist()  # sidecar round trip
 

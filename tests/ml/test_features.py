@@ -59,10 +59,31 @@ def _windows(samples: list[Sample]) -> list:
 
 
 def test_steady_rise_gives_a_steady_rate() -> None:
-    ws = _windows([_sample(i, ce=10 * i) for i in range(40)])  # 10 CE per 10 s = 60/min
-    rates = [w.gpu[0, GI["dram_ce_rate"]] for w in ws]
-    assert rates and all(r == pytest.approx(60.0) for r in rates)
-    assert all(w.gpu[1:, GI["dram_ce_rate"]].max() == 0 for w in ws)
+    ws = _windows([_sample(i, ce=10 * i) for i in range(40)])  # 10 CE per 10 s = 3,600/h = 36x the 100/h limit
+    rates = [w.gpu[0, GI["dram_ce_x"]] for w in ws]
+    assert rates and all(r == pytest.approx(36.0) for r in rates)
+    assert all(w.gpu[1:, GI["dram_ce_x"]].max() == 0 for w in ws)
+
+
+def test_limited_counters_are_multiples_of_their_published_limit() -> None:
+    """A rate at exactly the limit (fleethealth.limits) reads 1.0, whatever the window: HBM CE
+    100/h, IB symbol errors 10/h, NVLink data errors 600/h on the worst link."""
+    def at(i: int) -> Sample:  # one sample a minute: 100/60 CE, 10/60 symbol errors, 10 NVLink data errors
+        s = _sample(i, ce=i * 100 // 60, sym=i * 10 // 60, ts=T0 + 60 * i)
+        for g in s.gpus:
+            g.nvlink = NvlinkCounters(active=[True] * 4, crc_flit=[0] * 4, crc_data=[10 * i if g.index == 0 else 0,
+                                                                                     0, 0, 0],
+                                      replay=[0] * 4, recovery=[0] * 4)
+        return s
+
+    for window in (60.0, 3600.0):
+        fs = FeatureStream(window_s=window)
+        ws = [w for i in range(0, 3 * 3600 // 60 + 1) if (w := fs.feed(at(i))) is not None]
+        last = ws[-1]
+        assert last.gpu[0, GI["nvlink_worst_link_x"]] == pytest.approx(1.0)
+        if window == 3600.0:
+            assert last.gpu[0, GI["dram_ce_x"]] == pytest.approx(1.0, abs=0.02)
+            assert last.port[0, PI["symbol_error_x"]] == pytest.approx(1.0, abs=0.02)
 
 
 @pytest.mark.parametrize("boot_changes", [True, False])
@@ -73,18 +94,18 @@ def test_reset_makes_no_spike(boot_changes: bool) -> None:
                 for i in range(20, 40)]
     ws = _windows(samples)
     g, p = np.vstack([w.gpu for w in ws]), np.vstack([w.port for w in ws])
-    assert g[:, GI["dram_ce_rate"]].max() <= 6.0 + 1e-9  # 1 per 10 s, never the million
+    assert g[:, GI["dram_ce_x"]].max() <= 3.6 + 1e-9  # 1 per 10 s (360/h = 3.6x), never the million
     assert g[:, GI["dram_ue"]].max() == 0
     assert g[:, GI["nvlink_crc_rate"]].max() <= 6.0 + 1e-9
-    assert p[:, PI["symbol_error_rate"]].max() <= 6.0 + 1e-9
+    assert p[:, PI["symbol_error_x"]].max() <= 36.0 + 1e-9  # 1 per 10 s: 360/h against 10/h
 
 
 def test_32bit_wrap_counts_the_increments() -> None:
     base = 2**32 - 25
     samples = [_sample(i, sym=(base + 5 * i) % 2**32) for i in range(14)]
     ws = _windows(samples)
-    rates = [w.port[0, PI["symbol_error_rate"]] for w in ws]
-    assert rates == [pytest.approx(30.0)] * len(rates)  # 5 per 10 s across the wrap
+    rates = [w.port[0, PI["symbol_error_x"]] for w in ws]
+    assert rates == [pytest.approx(180.0)] * len(rates)  # 5 per 10 s across the wrap: 1,800/h, 180x the limit
 
 
 def test_duplicates_and_out_of_order_are_skipped() -> None:
