@@ -143,6 +143,8 @@ def _worker_proc(bootstrap: str, topics: dict[str, str], group: str, ready: Any,
     from fleethealth.config import kafka_bus
 
     bus = kafka_bus(bootstrap)
+    bus.producer  # made before the clock starts, as in a worker that has been running: an idempotent  # noqa: B018
+    # producer's first delivery waits for its producer id (≈ 0.5 s, once)
     w = DetectWorker(bus, DetectorEngine(), group=group, topic=topics["t"], incidents_topic=topics["i"],
                      deadletter_topic=topics["d"], poll_timeout=0.05, idle_tick=False, max_records=5000)
     while not w.consumer.assigned() and not stop.is_set():
