@@ -183,15 +183,25 @@ def _reader_proc(bootstrap: str, topic: str, group: str, ready: Any, stop: Any, 
 
 
 def kafka_latency(bootstrap: str, hosts: int = 1000, seconds: float = 20.0) -> list[Row]:
-    import msgspec
-
-    from fleethealth.config import DEFAULT_KAFKA_CLIENT, kafka_bus
     from fleethealth.kafka_bus import ensure_topics
-    from simulator.fixtures import HostSeries
 
     tag = uuid.uuid4().hex[:8]
     topics = {"t": f"bench.{tag}.telemetry", "i": f"bench.{tag}.incidents", "d": f"bench.{tag}.deadletter"}
     ensure_topics(bootstrap, list(topics.values()), partitions=8)
+    try:
+        return _paced(bootstrap, hosts, seconds, tag, topics)
+    finally:
+        from fleethealth.kafka_bus import delete_topics
+
+        delete_topics(bootstrap, list(topics.values()))
+
+
+def _paced(bootstrap: str, hosts: int, seconds: float, tag: str, topics: dict[str, str]) -> list[Row]:
+    import msgspec
+
+    from fleethealth.config import DEFAULT_KAFKA_CLIENT, kafka_bus
+    from simulator.fixtures import HostSeries
+
     ctx = mp.get_context("spawn")
     stop, q = ctx.Event(), ctx.Queue()
     w_ready, r_ready = ctx.Event(), ctx.Event()
