@@ -8,8 +8,6 @@ Only this module touches files: dashboard modules return grafanalib values. Outp
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 
 from dashboards import alerts, fleet_overview, host_drilldown, pipeline_health
+from fleethealth.atomicfile import write_atomic
 
 # file name -> module with build() -> grafanalib Dashboard
 DASHBOARDS = {
@@ -39,18 +38,6 @@ def build_all() -> dict[str, str]:
     return {name: render(name) for name in sorted(DASHBOARDS)}
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_all(out: Path = DEFAULT_OUT) -> list[Path]:
     """Write every dashboard; return the files whose content changed."""
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +45,7 @@ def write_all(out: Path = DEFAULT_OUT) -> list[Path]:
     for name, text in build_all().items():
         path = out / name
         if not path.exists() or path.read_text(encoding="utf-8") != text:
-            _atomic_write(path, text)
+            write_atomic(path, text)
             changed.append(path)
     return changed
 
@@ -77,7 +64,7 @@ def _write_if_changed(path: Path, text: str) -> list[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return []
-    _atomic_write(path, text)
+    write_atomic(path, text)
     return [path]
 
 

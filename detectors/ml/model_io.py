@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import skops.io as sio
 
+from fleethealth.atomicfile import write_atomic
 from fleethealth.errors import FleetHealthError
 
 FORMAT_VERSION = 1
@@ -63,19 +62,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; model files are shipped and read by other users
-    os.replace(tmp, path)
-
-
 def save_model(model_dir: Path, name: str, estimators: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``<name>.skops`` and its sidecar ``<name>.json`` atomically; return both paths."""
     model_dir.mkdir(parents=True, exist_ok=True)
     archive = model_dir / f"{name}.skops"
-    _atomic_write(archive, sio.dumps(estimators, compression=zipfile.ZIP_DEFLATED, compresslevel=9))
+    write_atomic(archive, sio.dumps(estimators, compression=zipfile.ZIP_DEFLATED, compresslevel=9))
     untrusted = [t for t in sio.get_untrusted_types(file=archive) if t not in TRUSTED_TYPES]
     if untrusted:  # a new sklearn may add internal types: fail at save, not at every load
         archive.unlink()
@@ -83,7 +74,7 @@ def save_model(model_dir: Path, name: str, estimators: dict[str, Any], meta: dic
     side = {**meta, "format_version": FORMAT_VERSION, "name": name, "archive": archive.name,
             "sha256": _sha256(archive)}
     sidecar = model_dir / f"{name}.json"
-    _atomic_write(sidecar, (json.dumps(side, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(sidecar, (json.dumps(side, indent=2, sort_keys=True) + "\n").encode())
     return archive, sidecar
 
 

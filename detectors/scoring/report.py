@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import html
 import math
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -33,6 +31,7 @@ from typing import Any
 from detectors.scoring import timeline
 from detectors.scoring.palette import OKABE_ITO, RAMP_FP, RAMP_OK, mode_colour, ramp, text_on
 from detectors.scoring.scoring import TruthFault, meets_quality_bar
+from fleethealth.atomicfile import write_atomic
 from fleethealth.schema import ActionRecord, Incident
 from fleethealth.taxonomy import FAULT_LABELS, info
 
@@ -328,13 +327,5 @@ def write_report(d: ReportData, out_dir: Path) -> Path:
     """Write ``out_dir/index.html`` (the folder is created) and return its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "index.html"
-    fd, tmp = tempfile.mkstemp(prefix=".index.html.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(render_html(d))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, render_html(d))
     return path
