@@ -118,9 +118,12 @@ def _gpu_rules() -> tuple[AlertRule, ...]:
                   "At or above this board's own slowdown temperature (NVML threshold) for 10 minutes.", "10m"),
         AlertRule("FleetHealthGpuPcieWidthDegraded",
                   f'max by ({GPU}) (fleethealth_gpu_pcie_link_width{{kind="current"}})'
-                  f' < max by ({GPU}) (fleethealth_gpu_pcie_link_width{{kind="max"}})',
+                  f' < max by ({GPU}) (fleethealth_gpu_pcie_link_width{{kind="max"}})'
+                  f' unless max by ({GPU}) (fleethealth_gpu_pcie_link_width{{kind="current"}})'
+                  f' >= max by ({GPU}) (fleethealth_gpu_pcie_slot_link_width)',
                   "warning", f"PCIe link of {ON_GPU} runs at x{{{{ $value }}}}",
-                  "The GPU's PCIe link trained below its maximum width (generation drops at idle are normal).",
+                  "The GPU's PCIe link trained below its maximum width and below its slot's width where the "
+                  "slot is known (an x8 slot wired x8 is not a fault; generation drops at idle are normal).",
                   "15m"),
     )
 

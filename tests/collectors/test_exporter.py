@@ -75,6 +75,9 @@ def test_every_catalogued_metric_is_exported_from_a_simulated_poll(tmp_path):
     old = NvmlSource(volta).poll().gpus  # a pre-Ampere GPU: retired pages instead of remapped rows
     old[0].index = 4
     sample.gpus.extend(old)
+    # the slot's width comes from the sysfs upstream port (tests/collectors/test_pcie_slot.py reads a
+    # real tree); this flat fixture has none, so one GPU is given its slot, the others stay unknown
+    sample.gpus[0].pcie.slot_width_max = 16
     metrics.update(sample)
     metrics.stats_fn = lambda: {"last_poll_seconds": 0.01, "source_errors": {"nvml": 1}, "spool_depth": 0,
                                 "spool_dropped": 0, "spool_corrupt": 0, "spool_write_errors": 0, "polls": 1,
@@ -89,6 +92,8 @@ def test_every_catalogued_metric_is_exported_from_a_simulated_poll(tmp_path):
         if name not in fams or not fams[name].samples:
             missing.append(spec.metric)
     assert missing == []
+    slot = {x.labels["gpu"]: x.value for x in fams["fleethealth_gpu_pcie_slot_link_width"].samples}
+    assert slot == {"0": 16}  # unknown slot: no series (the width alert then judges against the GPU max)
     ecc = [x for x in fams["fleethealth_gpu_ecc_errors"].samples if x.labels.get("location") == "sram"]
     assert ecc and set(ecc[0].labels) == {"host", "gpu", "uuid", "location", "type", "scope"}
     states = {(x.labels["device"], x.labels["state"]) for x in fams["fleethealth_net_port_state"].samples}
