@@ -274,20 +274,29 @@ def open_text(path: Path, mode: str) -> IO[str]:
     return open(path, mode, encoding="utf-8", newline="\n")  # noqa: SIM115
 
 
+READ_BUFFER = 1 << 20  # a 14 KB line through the default 8 KB buffer cost 4x as much to read
+_WS = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[int, bytes]]:
     """Yield (line number, raw line bytes) of non-empty lines; a truncated gzip tail ends the file
     with a BusError naming the line reached, never silently. Read as bytes (no text decode and
     re-encode: that cost more than the JSON parse of a 14 KB sample); a line that is not UTF-8 is
-    the decoder's to reject, line by line."""
-    fh = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
-    with fh:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(fh, 1):  # noqa: B007
-                if line.strip():
-                    yield lineno, line.rstrip(b"\n")
-        except (EOFError, OSError, zlib.error) as exc:
-            raise BusError(f"{path}: unreadable after line {lineno}: {exc}") from exc
+    the decoder's to reject, line by line. Read through 1 MiB buffers (gzip: of the decompressed
+    stream too), so a line is one copy out of the buffer, not a chain of 8 KB reads."""
+    with open(path, "rb", buffering=READ_BUFFER) as raw:
+        fh: IO[bytes] = (io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=READ_BUFFER)  # type: ignore[arg-type]
+                         if path.suffix == ".gz" else raw)
+        with fh:
+            lineno = 0
+            try:
+                for lineno, line in enumerate(fh, 1):  # noqa: B007
+                    if line[-1] == 10:  # b"\n"
+                        line = line[:-1]
+                    if line and (line[0] not in _WS or line.strip()):  # strip() only for a line that starts blank
+                        yield lineno, line
+            except (EOFError, OSError, zlib.error) as exc:
+                raise BusError(f"{path}: unreadable after line {lineno}: {exc}") from exc
 
 
 def topic_path(path: Path, topic: str) -> Path:

@@ -143,6 +143,17 @@ def test_truncated_gzip_recording_is_a_clear_error(tmp_path):
         list(iter_jsonl(path))
 
 
+@pytest.mark.parametrize("name", ["odd.jsonl", "odd.jsonl.gz"])
+def test_iter_jsonl_skips_blank_lines_only_and_strips_only_the_newline(tmp_path, name):
+    long = b'{"pad":"' + b"y" * (3 << 20) + b'"}'  # longer than the 1 MiB read buffer
+    data = b"".join([b'{"a":1}\n', b"\n", b"  \t\r\n", b'\x0c{"b":2}\r\n', long + b"\n", b"\x0b\n",
+                     b'  {"c":3}  \n', b'{"d":4}'])  # the last line has no newline
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    assert list(iter_jsonl(path)) == [(1, b'{"a":1}'), (4, b'\x0c{"b":2}\r'), (5, long), (7, b'  {"c":3}  '),
+                                      (8, b'{"d":4}')]
+
+
 def test_one_dead_letter_builder_keeps_every_letter_inside_its_contract():
     from fleethealth.bus import Record
     from fleethealth.deadletter import KEY_CHARS, REASON_CHARS, dead_letter_for
