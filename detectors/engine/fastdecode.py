@@ -11,6 +11,10 @@ keeps its type and ``Meta`` constraints, but the heavy sub-objects (``gpus[i].ec
 bytes. Each Raw is compared with the same host's previous bytes at the same position; an identical
 one reuses the previously decoded object, a changed one is decoded by a strict sub-decoder for the
 schema's own field type. The result is built from the schema's ``Sample`` / ``GpuSample`` types.
+Per GPU the comparison is one bytes compare: the encoded tuple of everything but the gauges (its
+stable scalars and sub-object Raws) against the host's previous one, a single object where the
+fields and the Raws' views into an older message are a dozen (at 256 hosts all of it is cold in
+the CPU caches, and the misses were the cost, not the Python steps).
 
 Why the result is the value ``decode_sample`` gives, and its errors are the same:
 
@@ -30,7 +34,7 @@ not (``tests/detectors/test_fastdecode.py`` feeds the engine, ML included, and c
 object still equals a fresh decode of its bytes: :meth:`IncrementalDecoder.check_cache`).
 
 Memory: per host, the Raw views keep the previous message buffer alive (one message per host, as
-large as a sample); ``max_hosts`` bounds the hosts kept (least recently seen dropped first), and
+large as a sample), and each GPU keeps its signature (about the GPU's size in the message); ``max_hosts`` bounds the hosts kept (least recently seen dropped first), and
 :meth:`forget` drops one (a partition moved away).
 """
 
@@ -42,19 +46,25 @@ from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
-from msgspec import UNSET, Raw, UnsetType
+from msgspec import Raw
 
 from fleethealth.salvage import has_long_digits
 from fleethealth.schema import MAX_MESSAGE_BYTES, U64_MAX, GpuSample, Sample, decode_sample
 
 # Sample fields decoded as Raw, whole (each a list, identical ~97% of the time).
 SAMPLE_RAW = ("net_ports", "aer", "edac")
+# What the envelope holds for a lazily decoded field the message leaves out. 0xC1 starts no JSON
+# value (it is no UTF-8 byte) and no msgpack value (the one type byte msgpack never uses), so in the
+# encoding of a tuple of such fields every element's extent is unambiguous: two tuples encode to the
+# same bytes only when their elements do (the per-GPU signature below relies on it).
+ABSENT = Raw(b"\xc1")
 
 
 def _has_struct(t: Any) -> bool:
-    """A struct, a list of structs, an optional one, possibly Annotated: decoded lazily, compared as
-    bytes (so equal-but-different values like -0.0 vs 0.0 in an event never alias)."""
-    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+    """A struct, a list of structs, a dict, an optional one, possibly Annotated: decoded lazily,
+    compared as bytes (so equal-but-different values like -0.0 vs 0.0 in an event never alias; a
+    left-out dict costs no empty dict in the envelope)."""
+    if isinstance(t, type) and issubclass(t, msgspec.Struct) or typing.get_origin(t) is dict:
         return True
     return any(_has_struct(a) for a in typing.get_args(t) if not isinstance(a, msgspec.Meta))
 
@@ -86,13 +96,13 @@ def _parts(cls: type[msgspec.Struct], names: tuple[str, ...]) -> tuple[_Part, ..
 
 
 def _envelope(cls: type[msgspec.Struct], raw: tuple[str, ...], replace: dict[str, Any]) -> Any:
-    """``cls`` with the ``raw`` fields as Raw (absent = UNSET) and ``replace`` types swapped in;
+    """``cls`` with the ``raw`` fields as Raw (absent = ABSENT) and ``replace`` types swapped in;
     every other field keeps the schema's annotated type and default, in the schema's order."""
     hints = typing.get_type_hints(cls, include_extras=True)
     fields: list[Any] = []
     for f in msgspec.structs.fields(cls):
         if f.name in raw:
-            fields.append((f.name, Raw | UnsetType, UNSET))
+            fields.append((f.name, Raw, ABSENT))
             continue
         t = replace.get(f.name, hints[f.name])
         fields.append((f.name, t) if f.required else (f.name, t, msgspec.field(default_factory=f.default_factory)
@@ -157,7 +167,7 @@ class _Fallback(Exception):
 
 @dataclass(slots=True)
 class _GpuEntry:
-    key: tuple[Any, ...]  # stable fields + sub-object Raws: all but the gauges
+    sig: bytes  # the encoded tuple of stable fields + sub-object Raws: all but the gauges
     raws: tuple[Any, ...]
     objs: tuple[Any, ...]
     out: GpuSample
@@ -169,6 +179,7 @@ class _HostEntry:
     packed: bool
     raws: tuple[Any, ...] | None = None
     objs: tuple[Any, ...] = ()
+    sig: bytes = b""  # the encoded ``raws``
 
 
 @dataclass(slots=True)
@@ -180,7 +191,7 @@ class DecodeStats:
 
 
 def _decode_part(part: _Part, raw: Any, packed: bool) -> Any:
-    if raw is UNSET:
+    if raw is ABSENT:
         return _default(part.default)
     if not packed and has_long_digits(raw):  # maybe an integer past 2**64-1: decode_sample removes it
         raise _Fallback
@@ -200,6 +211,7 @@ class IncrementalDecoder:
         self._hosts: dict[str, _HostEntry] = {}
         self._json = (msgspec.json.Decoder(_SampleEnvelope), msgspec.json.Encoder())
         self._msgpack = (msgspec.msgpack.Decoder(_SampleEnvelope), msgspec.msgpack.Encoder())
+        self._buf = bytearray()  # the canonical re-encoding, written in place: no 14 KB bytes a sample
 
     def __call__(self, data: bytes | str) -> Sample:
         return self.decode(data)
@@ -214,16 +226,18 @@ class IncrementalDecoder:
         dec, enc = self._msgpack if packed else self._json
         try:
             env = dec.decode(data)
-            if enc.encode(env) != data:  # not canonical: duplicate keys are possible
+            buf = self._buf
+            enc.encode_into(env, buf)
+            if buf != data:  # not canonical: duplicate keys are possible
                 raise _Fallback
             if env.seq > U64_MAX:  # the envelope's other integers are bounded by the schema, but
                 raise _Fallback    # for clocks_event_reasons (checked per changed GPU below)
-            return self._assemble(env, packed)
+            return self._assemble(env, packed, enc.encode)
         except (msgspec.MsgspecError, RecursionError, _Fallback):
             self.stats.fallbacks += 1
             return decode_sample(data)
 
-    def _assemble(self, env: Any, packed: bool) -> Sample:
+    def _assemble(self, env: Any, packed: bool, encode: Any) -> Sample:
         host = env.host
         hosts = self._hosts
         he = hosts.pop(host, None)  # re-inserted last: dict order is least recently seen first
@@ -243,8 +257,10 @@ class IncrementalDecoder:
             hits = 0
             with_gauges = _gpu_with_gauges
             for i, (g, ent) in enumerate(zip(envg, gcache, strict=True)):
-                key = _gpu_key(g)
-                if ent is not None and ent.key == key:  # the usual case: only gauges moved
+                # one bytes compare with the host's previous signature (one cold object, not a
+                # tuple of strings and Raw views into an old message)
+                sig = encode(_gpu_key(g))
+                if ent is not None and ent.sig == sig:  # the usual case: only gauges moved
                     hits += 1
                     ent.out = out = with_gauges(ent.out, g)
                 else:
@@ -253,15 +269,16 @@ class IncrementalDecoder:
                     raws = _gpu_raw(g)
                     objs = self._parts(_GPU_PARTS, raws, ent.raws if ent else None, ent.objs if ent else (), packed)
                     out = _gpu_new(g, objs)
-                    gcache[i] = _GpuEntry(key, raws, objs, out)
+                    gcache[i] = _GpuEntry(sig, raws, objs, out)
                 gpus.append(out)
             stats.reused += hits * len(GPU_RAW)
             raws = _sample_raw(env)
-            if he.raws == raws:
+            sig = encode(raws)
+            if he.raws is not None and he.sig == sig:
                 stats.reused += len(raws)
             else:
                 he.objs = self._parts(_SAMPLE_PARTS, raws, he.raws, he.objs, packed)
-                he.raws = raws
+                he.raws, he.sig = raws, sig
         finally:  # entries already updated map bytes to their strict decode: keep them
             hosts[host] = he
         return _sample_new(env, gpus, he.objs)  # type: ignore[no-any-return]
@@ -300,7 +317,7 @@ class IncrementalDecoder:
                 entries.append(("", _SAMPLE_PARTS, he.raws, he.objs))
             for where, parts, raws, objs in entries:
                 for part, raw, obj in zip(parts, raws, objs, strict=True):
-                    if raw is UNSET:
+                    if raw is ABSENT:
                         fresh = _default(part.default)
                     else:
                         fresh = (part.msgpack if he.packed else part.json).decode(raw)

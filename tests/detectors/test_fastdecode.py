@@ -15,7 +15,15 @@ from detectors.engine.fastdecode import GPU_GAUGES, GPU_RAW, GPU_STABLE, Increme
 from detectors.registry import model_detectors
 from fleethealth.bus import iter_jsonl
 from fleethealth.salvage import removed_fields
-from fleethealth.schema import ContractError, GpuSample, decode_sample, encode, encode_packed
+from fleethealth.schema import (
+    ContractError,
+    GpuSample,
+    RemappedRows,
+    RetiredPages,
+    decode_sample,
+    encode,
+    encode_packed,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = sorted((ROOT / "replay_data").glob("*.jsonl.gz"))
@@ -102,9 +110,27 @@ def test_unchanged_sub_objects_are_shared_and_changed_ones_are_not():
     assert all(x.nvlink is not y.nvlink for x in c.gpus for y in b.gpus)
 
 
+def test_the_same_bytes_in_a_neighbouring_field_are_a_change():
+    # {"pending":false} is a valid RemappedRows and a valid RetiredPages: moving it from one field
+    # to the other (the other left out) keeps every sub-object's bytes, only their places differ
+    s = decode_sample(_smoke(1)[0])
+    gpus = list(s.gpus)
+    gpus[1] = msgspec.structs.replace(gpus[1], remapped_rows=RemappedRows(pending=False), retired_pages=None)
+    first = msgspec.structs.replace(s, gpus=gpus)
+    gpus = list(gpus)
+    gpus[1] = msgspec.structs.replace(gpus[1], remapped_rows=None, retired_pages=RetiredPages(pending=False))
+    moved = msgspec.structs.replace(s, gpus=gpus, seq=s.seq + 1)
+    for enc in (encode, encode_packed):
+        dec = IncrementalDecoder()
+        assert dec.decode(enc(first)) == first
+        got = dec.decode(enc(moved))
+        assert got == moved and got.gpus[1].remapped_rows is None
+        assert dec.stats.fallbacks == 0 and dec.check_cache() == []
+
+
 def test_field_partition_covers_the_schema():
     assert sorted(GPU_RAW + GPU_STABLE + GPU_GAUGES) == sorted(GpuSample.__struct_fields__)
-    assert {"nvlink", "ecc", "pcie", "xids"} <= set(GPU_RAW)
+    assert {"nvlink", "ecc", "pcie", "xids", "field_errors"} <= set(GPU_RAW)
     assert set(GPU_GAUGES) == {"temperature_c", "power_w", "utilization_pct"}
 
 
