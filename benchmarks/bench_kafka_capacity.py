@@ -59,10 +59,10 @@ def _recording(tmp: Path, hosts: int, minutes: float) -> tuple[Path, int]:
     return out, res.samples
 
 
-def _bus(client: str, bootstrap: str) -> Any:
+def _bus(client: str, bootstrap: str, **kw: Any) -> Any:
     from fleethealth.config import kafka_bus
 
-    return kafka_bus(bootstrap, client, client_id=f"bench-{client}")
+    return kafka_bus(bootstrap, client, client_id=f"bench-{client}", **kw)
 
 
 def _timed(fn: Callable[[], int]) -> tuple[int, float, float]:
@@ -73,9 +73,9 @@ def _timed(fn: Callable[[], int]) -> tuple[int, float, float]:
 
 
 def _replay(client: str, bootstrap: str, path: Path, topic: str, limit: int | None) -> tuple[int, float, float]:
-    from simulator.replay import replay_file
+    from simulator.replay import REPLAY_DELIVERY_REPORTS, replay_file
 
-    bus = _bus(client, bootstrap)
+    bus = _bus(client, bootstrap, delivery_reports=REPLAY_DELIVERY_REPORTS)  # as `fleethealth replay` opens it
     bus.producer  # connect before the clock starts  # noqa: B018
     try:
         return _timed(lambda: replay_file(path, bus, topic=topic, limit=limit).published)

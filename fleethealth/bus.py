@@ -104,6 +104,20 @@ class Bus(Protocol):
     def close(self) -> None: ...
 
 
+DELIVERY_REPORTS = ("each", "failures")
+"""A Kafka bus's ``delivery_reports``: ``each`` (default) -- ``publish`` returns a handle per message,
+what a caller that retries or holds offsets until each message is acknowledged needs (the workers,
+the collector's spool); ``failures`` -- ``publish`` returns None and ``flush`` raises BusError when a
+message since the last flush was not delivered: what a bulk producer that only needs to know that
+all of it arrived needs (``replay``), without the cost of a report per message."""
+
+
+def per_message_reports(mode: str) -> bool:
+    if mode not in DELIVERY_REPORTS:
+        raise ValueError(f"delivery_reports must be one of {', '.join(DELIVERY_REPORTS)}, not {mode!r}")
+    return mode == "each"
+
+
 def partition_for(key: str | None, partitions: int) -> int:
     """Stable key -> partition (crc32, so it is the same in every process)."""
     if not key:

@@ -134,9 +134,10 @@ def kafka_settings(cfg: Config | None = None) -> KafkaSettings:
     return s
 
 
-def open_bus(spec: str, cfg: Config | None = None, client: str | None = None) -> Bus:
+def open_bus(spec: str, cfg: Config | None = None, client: str | None = None, *,
+             delivery_reports: str = "each") -> Bus:
     """``memory`` | ``jsonl:PATH`` | ``kafka`` | ``kafka:HOST:PORT[,HOST:PORT]`` (over ``client``,
-    see :func:`kafka_client`)."""
+    see :func:`kafka_client`; ``delivery_reports`` as :data:`fleethealth.bus.DELIVERY_REPORTS` says)."""
     if spec in ("memory", "inprocess", "embedded"):
         return InProcessBus()
     if spec.startswith("jsonl:"):
@@ -148,6 +149,6 @@ def open_bus(spec: str, cfg: Config | None = None, client: str | None = None) ->
         ks = kafka_settings(cfg)
         bootstrap = spec[len("kafka:") :] if spec.startswith("kafka:") else ks.bootstrap
         bus: Bus = kafka_bus(bootstrap, client, cfg, client_id=ks.client_id, compression=ks.compression,
-                             security=ks.security)
+                             security=ks.security, delivery_reports=delivery_reports)
         return bus
     raise ConfigError(f"unknown bus {spec!r}: use memory, jsonl:PATH or kafka[:HOST:PORT]")

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fleethealth.bus import BusError, Record
+from fleethealth.bus import BusError, Record, per_message_reports
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,11 @@ class KafkaBus:
         max_block_ms: int = 10000,
         linger_ms: int = 5,
         batch_size: int = 256 * 1024,
+        delivery_reports: str = "each",
     ) -> None:
         self.bootstrap = bootstrap
+        self._each = per_message_reports(delivery_reports)  # fleethealth.bus.DELIVERY_REPORTS
+        self._failed: list[str] = []  # "failures": what the sender thread's errbacks reported
         self.client_id = client_id
         self._security = _security(security)
         if compression == "auto":
@@ -89,15 +92,20 @@ class KafkaBus:
         return self._producer
 
     def publish(self, topic: str, key: str | None, value: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> Any:
-        """Hand a message to the producer; returns its future (``.is_done``, ``.succeeded()``)."""
+        """Hand a message to the producer; returns its future (``.is_done``, ``.succeeded()``), or
+        None with ``delivery_reports="failures"`` (``flush`` raises for what was not delivered)."""
         from kafka.errors import KafkaError
 
         try:
             # the future tells the caller whether the broker acknowledged (flush alone does not)
-            return self.producer.send(topic, key=key.encode() if key else None, value=value,
-                                      headers=list(headers) or None)
+            fut = self.producer.send(topic, key=key.encode() if key else None, value=value,
+                                     headers=list(headers) or None)
         except KafkaError as exc:
             raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
+        if self._each:
+            return fut
+        fut.add_errback(lambda exc: self._failed.append(f"{topic}: {exc}"))  # list.append: thread-safe
+        return None
 
     def reset_producer(self) -> None:
         """Drop the producer (its unsent records fail); the next send makes a fresh one. After a
@@ -117,6 +125,9 @@ class KafkaBus:
                 self._producer.flush(timeout)
             except KafkaError as exc:
                 raise BusError(f"Kafka flush failed: {exc}") from exc
+        if self._failed:
+            failed, self._failed = self._failed, []
+            raise BusError(f"Kafka: {len(failed)} message(s) not delivered since the last flush (first: {failed[0]})")
 
     def consumer(
         self, topics: Sequence[str], group: str, *, auto_offset_reset: str = "earliest", **kwargs: Any

@@ -167,9 +167,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"report: {page}")
         return 0
     from fleethealth.config import load_config, open_bus
-    from simulator.replay import replay_file
+    from simulator.replay import REPLAY_DELIVERY_REPORTS, replay_file
 
-    bus = open_bus(args.to, load_config(getattr(args, "config", None)), args.kafka_client)
+    # replay needs to know that everything arrived, not which message did: flush raises otherwise
+    bus = open_bus(args.to, load_config(getattr(args, "config", None)), args.kafka_client,
+                   delivery_reports=REPLAY_DELIVERY_REPORTS)
     try:
         with _bar(None, args.quiet, "samples") as bar:
             st = replay_file(path, bus, topic=args.topic, speed=args.speed, limit=args.limit, progress=bar.update)

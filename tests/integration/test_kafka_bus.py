@@ -192,3 +192,33 @@ def test_headers_acks_commit_resume_rebalance_events_highwater_and_history(kafka
     for x in (c2, c3):
         x.close()
     bus.close()
+
+
+def test_failures_only_delivery_reports_raise_at_flush_for_what_the_broker_refused(kafka_bootstrap, client):
+    """``delivery_reports="failures"`` (what replay opens): publish returns no handle, and ``flush``
+    raises for a message the broker refused (a topic whose max.message.bytes a record batch of 14 KB
+    of random bytes exceeds), once."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from fleethealth.bus import BusError
+    from fleethealth.kafka_bus import delete_topics
+
+    topic = f"test.{uuid.uuid4().hex[:10]}.small"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap.split(","), client_id="fleethealth-test")
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": "4096"})])
+    finally:
+        admin.close()
+    bus = kafka_bus(kafka_bootstrap, client, delivery_reports="failures")
+    try:
+        assert bus.publish(topic, "h1", b"small") is None
+        bus.flush(30)  # delivered: no error
+        assert bus.publish(topic, "h1", os.urandom(14_000)) is None  # incompressible: the batch stays > 4 KiB
+        with pytest.raises(BusError, match=r"1 message\(s\) not delivered"):
+            bus.flush(30)
+        bus.flush(30)  # the refused one is reported once (kafka-python's producer is spent after it)
+    finally:
+        bus.close()
+        delete_topics(kafka_bootstrap, [topic])
+    with pytest.raises(ValueError, match="delivery_reports"):
+        kafka_bus(kafka_bootstrap, client, delivery_reports="some")

@@ -113,8 +113,12 @@ def test_gz_and_plain_replay_the_same(rec: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.kafka
-def test_replay_shipped_dataset_into_kafka(kafka_bootstrap: str) -> None:
-    from fleethealth.kafka_bus import KafkaBus, ensure_topics
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_replay_shipped_dataset_into_kafka(kafka_bootstrap: str, client: str) -> None:
+    """Over either client, opened as `fleethealth replay` opens it (flush raises for anything undelivered)."""
+    from fleethealth.config import kafka_bus
+    from fleethealth.kafka_bus import delete_topics, ensure_topics
+    from simulator.replay import REPLAY_DELIVERY_REPORTS
 
     root = Path(__file__).resolve().parents[2] / "replay_data"
     ds = root / "smoke-64h.jsonl.gz"
@@ -122,20 +126,23 @@ def test_replay_shipped_dataset_into_kafka(kafka_bootstrap: str) -> None:
         pytest.skip(f"{ds} not built")
     topic = f"test.{uuid.uuid4().hex[:12]}.telemetry"
     ensure_topics(kafka_bootstrap, [topic], partitions=4)
-    bus = KafkaBus(kafka_bootstrap)
+    bus = kafka_bus(kafka_bootstrap, client, delivery_reports=REPLAY_DELIVERY_REPORTS)
     limit = 4000
-    st = replay_file(ds, bus, topic=topic, limit=limit)
-    bus.close()
-    assert st.published == limit
-    cons = KafkaBus(kafka_bootstrap).consumer([topic], f"g-{uuid.uuid4().hex[:8]}")
-    got: list[tuple[str | None, bytes]] = []
     try:
-        for _ in range(120):
-            got += [(r.key, r.value) for r in cons.poll(timeout=1.0, max_records=2000)]
-            if len(got) >= limit:
-                break
+        st = replay_file(ds, bus, topic=topic, limit=limit)
+        bus.close()
+        assert st.published == limit
+        cons = kafka_bus(kafka_bootstrap, client).consumer([topic], f"g-{uuid.uuid4().hex[:8]}")
+        got: list[tuple[str | None, bytes]] = []
+        try:
+            for _ in range(120):
+                got += [(r.key, r.value) for r in cons.poll(timeout=1.0, max_records=2000)]
+                if len(got) >= limit:
+                    break
+        finally:
+            cons.close()
     finally:
-        cons.close()
+        delete_topics(kafka_bootstrap, [topic])
     assert len(got) == limit
     seqs = _per_host_in_order(got)
     assert sum(len(v) for v in seqs.values()) == limit
