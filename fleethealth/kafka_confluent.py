@@ -174,7 +174,8 @@ class ConfluentBus:
                 if now > end:
                     raise BusError(f"Kafka send to {topic}: the producer queue stayed full for "
                                    f"{self._max_block_s:.0f} s (broker away?)") from None
-                p.poll(0.05)
+                # each report of a delivery wakes poll; with "failures" none comes: wait briefly
+                p.poll(0.05 if self._each else 0.005)
             except self._kafka_exception as exc:
                 raise BusError(f"Kafka send to {topic} failed: {exc}") from exc
         p.poll(0)  # serve delivery reports that have arrived (cheap)
