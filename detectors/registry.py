@@ -53,6 +53,7 @@ class RuleFileDetector:
         st = self.hosts.get(sample.host)
         if st is None:
             st = self.hosts[sample.host] = HostState(sample.host, sample.cluster, sample.rack)
+        self.rules.advance_baselines(sample.ts)  # fleet percentiles: as in the engine
         if Admission.admit(st, sample.seq, sample.ts, sample.boot_id, sample.driver_version):
             return []
         out: list[Finding] = []

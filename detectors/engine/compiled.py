@@ -161,7 +161,6 @@ class CounterRule(Evaluator):
         self.percentile = float(p.get("percentile", 95))
         self.factor = float(p.get("factor", 1))
         self.min_rate = float(p.get("min_rate_per_hour", 0))
-        self.population = 0
         self.saturated = saturation(self.path.chain[-1])  # the counter's width (detectors/engine/counters.yaml)
 
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
@@ -175,7 +174,8 @@ class CounterRule(Evaluator):
         if st.epoch_changed and mem[s + 1] is not None:
             mem[s + 1].clear()  # errors of the link / board before a reboot (or repair) are history
         if prev is None:
-            self.population += 1
+            if self.baseline is not None:
+                self.baseline.population += 1  # a quiet component counts as a zero in the fleet's percentiles
             if not (v and (self.absolute_first or st.snapshot)):
                 return
             if isinstance(v, list):
@@ -221,7 +221,7 @@ class CounterRule(Evaluator):
             return
         assert self.baseline is not None
         self.baseline.set(st.host, comp, rate)
-        base = self.baseline.percentile(self.percentile, sample.ts, self.population)
+        base = self.baseline.percentile(self.percentile)  # the snapshot of the last refresh (state.FleetBaseline)
         limit = max(self.min_rate, self.factor * base)
         if rate > limit:
             out.append(self.finding(sample, comp, elem=elem, value=v, delta=delta, count=total, rate=round(rate, 1),

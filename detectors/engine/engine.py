@@ -103,6 +103,7 @@ class DetectorEngine:
         self.auto_tick = auto_tick  # tick staleness on the max sample ts (off: the caller ticks)
         self.fleet_ts = 0.0
         self._last_tick = 0.0
+        self.baselines_due = float("-inf")  # a live sample at or past this ts refreshes fleet baselines
         self.stats: Counter[str] = Counter()
         st = self.rules.staleness
         self.stale_intervals = float(st.params["intervals"]) if st else 0.0
@@ -124,6 +125,8 @@ class DetectorEngine:
 
     def _feed(self, sample: Sample, live: bool) -> list[Incident]:
         out: list[Incident] = []
+        if live and sample.ts >= self.baselines_due:  # fleet percentiles refresh at fixed points of fleet time
+            self.advance_fleet(sample.ts)
         st = self.hosts.get(sample.host)
         if st is None:
             st = self.hosts[sample.host] = HostState(sample.host, sample.cluster, sample.rack)
@@ -162,6 +165,17 @@ class DetectorEngine:
                 out.extend(self.tick(ts))
         return out
 
+    def advance_fleet(self, ts: float) -> float:
+        """A live sample at ``ts`` comes next: refresh the fleet baselines (``fleet_outlier``'s
+        percentiles, :class:`detectors.engine.state.FleetBaseline`) if it starts a new epoch of fleet
+        time; returns :attr:`baselines_due`, the ts from which the next refresh is due. ``feed`` calls
+        it itself; a caller that feeds a batch grouped by host calls it where the batch's record order
+        reaches ``baselines_due`` (before that record's segment), so a refresh sees the same rates
+        either way (detectors/worker/worker.py)."""
+        if ts >= self.baselines_due:
+            self.baselines_due = self.rules.advance_baselines(ts)
+        return self.baselines_due
+
     def flush(self, silent: bool = False) -> list[Incident]:
         """Findings detectors held back (batched model scoring) as incidents: call after each poll
         batch. ``silent``: after a rebuild (:meth:`replay`), the held findings are of replayed
@@ -172,6 +186,8 @@ class DetectorEngine:
 
     def detect(self, sample: Sample) -> list[Finding]:
         """Raw findings for one sample (state advances; no episodes): for tests and diagnose-like use."""
+        if sample.ts >= self.baselines_due:
+            self.advance_fleet(sample.ts)
         st = self.hosts.setdefault(sample.host, HostState(sample.host, sample.cluster, sample.rack))
         if Admission.admit(st, sample.seq, sample.ts, sample.boot_id, sample.driver_version):
             return []
@@ -267,6 +283,7 @@ class DetectorEngine:
         self.hosts.clear()
         self.episodes = IncidentEpisodes(self.episodes.update_every_s)
         self.fleet_ts = self._last_tick = 0.0
+        self.baselines_due = float("-inf")
         self.stats.clear()
         self.rules.reset()
         for d in self.extra:

@@ -178,12 +178,16 @@ class RuleSet:
     def reset(self) -> None:
         """Forget fleet-level memory (baselines, populations); per-host memory lives in HostState."""
         for b in self.baselines.values():
-            b.rates.clear()
-        for _, evs, _ in self.scopes:
-            for ev in evs:
-                for r in getattr(ev, "rules", [ev]):
-                    if hasattr(r, "population"):
-                        r.population = 0
+            b.clear()
+
+    def advance_baselines(self, ts: float) -> float:
+        """A live sample at ``ts`` is next: refresh the fleet baselines whose epoch it starts
+        (:class:`FleetBaseline`). Returns the ts before which the next call is a no-op."""
+        due = float("inf")
+        for b in self.baselines.values():
+            b.advance(ts)
+            due = min(due, b.due())
+        return due
 
     def modes(self) -> set[str]:
         return {s.failure_mode for s in self.specs}

@@ -205,14 +205,27 @@ class Admission:
 
 
 class FleetBaseline:
-    """Per-component rates across the hosts this worker owns; percentiles recomputed at most
-    every ``refresh_s`` of sample time (a worker sees its partitions' hosts: a fleet sample)."""
+    """Per-component rates across the hosts this worker owns (a worker sees its partitions' hosts: a
+    fleet sample) and their percentiles as of the last refresh.
+
+    A refresh runs at fixed points of fleet time, not when a rule happens to ask: :meth:`advance`
+    is called with every live sample's ts before it is evaluated, and the first sample whose ts
+    enters a later ``refresh_s`` epoch (``ts // refresh_s``) than any before it takes a snapshot of
+    the rates and the population as they are then. Between two refreshes every lookup sees the same
+    snapshot, so the order in which hosts are fed between two refresh points changes nothing (the
+    detect worker feeds each batch grouped by host: detectors/worker/worker.py). The population (how
+    many components the rule has seen) counts the quiet ones as zeros."""
+
+    __slots__ = ("rates", "refresh_s", "population", "epoch", "_vals", "_n", "_cache")
 
     def __init__(self, refresh_s: float = 60.0) -> None:
         self.rates: dict[tuple[str, str], float] = {}
         self.refresh_s = refresh_s
+        self.population = 0  # components seen (counted by the rule at each one's first sight)
+        self.epoch = float("-inf")
+        self._vals: list[float] = []  # the snapshot: non-zero rates, sorted
+        self._n = 0  # the snapshot's population (zeros implicit)
         self._cache: dict[float, float] = {}
-        self._at = -1e18
 
     def set(self, host: str, component: str, rate: float) -> None:
         if rate > 0:
@@ -220,17 +233,35 @@ class FleetBaseline:
         else:
             self.rates.pop((host, component), None)
 
-    def percentile(self, q: float, now: float, population: int) -> float:
-        """Rate at percentile q over ``population`` components (zeros are implicit)."""
-        if now - self._at >= self.refresh_s:
-            self._cache.clear()
-            self._at = now
-        if q in self._cache:
-            return self._cache[q]
-        vals = sorted(self.rates.values())
-        n = max(population, len(vals))
-        zeros = n - len(vals)
-        idx = int(q / 100.0 * (n - 1))
-        v = 0.0 if idx < zeros else vals[idx - zeros]
-        self._cache[q] = v
+    def due(self) -> float:
+        """The first ts that starts a new epoch (advance before it is a no-op)."""
+        return (self.epoch + 1) * self.refresh_s if self.refresh_s > 0 else float("-inf")
+
+    def advance(self, ts: float) -> None:
+        """A live sample at ``ts`` is about to be evaluated: refresh if it starts a new epoch."""
+        e = ts // self.refresh_s if self.refresh_s > 0 else ts
+        if e > self.epoch:
+            self.epoch = e
+            self.refresh()
+
+    def refresh(self) -> None:
+        self._vals = sorted(self.rates.values())
+        self._n = max(self.population, len(self._vals))
+        self._cache.clear()
+
+    def percentile(self, q: float) -> float:
+        """Rate at percentile q of the snapshot (quiet components are zeros)."""
+        v = self._cache.get(q)
+        if v is None:
+            vals, n = self._vals, self._n
+            zeros = n - len(vals)
+            idx = int(q / 100.0 * (n - 1))
+            v = self._cache[q] = 0.0 if idx < zeros or not vals else vals[idx - zeros]
         return v
+
+    def clear(self) -> None:
+        self.rates.clear()
+        self.population = 0
+        self.epoch = float("-inf")
+        self._vals, self._n = [], 0
+        self._cache.clear()

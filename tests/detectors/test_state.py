@@ -88,11 +88,23 @@ def test_new_boot_restarts_seq_without_being_called_stale():
 
 
 def test_fleet_baseline_percentile_counts_quiet_components_as_zero():
-    b = FleetBaseline(refresh_s=0)
+    b = FleetBaseline(refresh_s=60)
     for i in range(5):
         b.set("h", f"g{i}", 10.0)
-    assert b.percentile(50, 0.0, population=100) == 0.0
-    assert b.percentile(99, 1.0, population=5) == 10.0
+    b.population = 100
+    b.advance(0.0)
+    assert b.percentile(50) == 0.0 and b.percentile(99) == 10.0
+    b.population = 1000  # more components seen: read at the next refresh, not before
+    b.set("h", "g5", 20.0)
+    b.advance(59.9)
+    assert b.percentile(99) == 10.0
+    b.advance(30.0)  # an older sample (a lagging host) never refreshes
+    assert b.percentile(99) == 10.0
+    b.advance(60.0)
+    assert b.percentile(99) == 0.0 and b.percentile(100) == 20.0
+    b.clear()
+    b.advance(0.0)
+    assert b.percentile(99) == 0.0
 
 
 def test_a_seq_that_restarts_with_newer_time_is_counted_and_kept():
