@@ -154,6 +154,23 @@ def test_iter_jsonl_skips_blank_lines_only_and_strips_only_the_newline(tmp_path,
                                       (8, b'{"d":4}')]
 
 
+def test_truncated_gzip_delivers_every_line_decompressed_before_the_cut(tmp_path):
+    import random
+    import zlib
+
+    rnd = random.Random(5)
+    lines = [b'{"n":%d,"pad":"%s"}' % (i, rnd.randbytes(60).hex().encode()) for i in range(30_000)]  # ~4 MB
+    gz = gzip.compress(b"\n".join(lines) + b"\n")
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(gz[: len(gz) * 2 // 3])
+    whole = zlib.decompressobj(31).decompress(gz[: len(gz) * 2 // 3]).count(b"\n")  # complete lines before the cut
+    got = []
+    with pytest.raises(BusError, match=f"unreadable after line {whole}:"):
+        for _, raw in iter_jsonl(path):
+            got.append(raw)
+    assert whole > 15_000 and got == lines[:whole]  # nothing of the last 1 MiB read lost
+
+
 def test_one_dead_letter_builder_keeps_every_letter_inside_its_contract():
     from fleethealth.bus import Record
     from fleethealth.deadletter import KEY_CHARS, REASON_CHARS, dead_letter_for
