@@ -42,6 +42,7 @@ XID_LABELS = ("gpu_fell_off_bus", "gpu_dram_uce", "gpu_row_remap_failure", "gpu_
               "gpu_hw_error", "gpu_nvlink_error", "gpu_gsp_error", "app_error")
 THROTTLE_BITS = (("thr_hw_slowdown", 0x8), ("thr_sw_thermal", 0x20), ("thr_hw_thermal", 0x40),
                  ("thr_power_brake", 0x80))
+_THR_MASK = 0x8 | 0x20 | 0x40 | 0x80  # the reason bits a feature reads (idle, power cap ... are not faults)
 
 GPU_FEATURES: tuple[str, ...] = (
     "dram_ce_x", "dram_ue", "sram_ce_rate", "sram_ue", "sram_threshold",
@@ -141,8 +142,10 @@ class HostFeatureState:
     skipped: int = 0
     # what the last window close saw, to skip unchanged parts (see "Unchanged parts" in _close)
     gpu_seen: dict[str, tuple[tuple[object, ...], list[float], float]] = field(default_factory=dict)
-    gpu_block: tuple[list[tuple[object, ...]], list[str], np.ndarray, list[float]] | None = None
-    ports_seen: tuple[object, np.ndarray | None] = (None, None)
+    # (parts, GPU ids, the quiet matrix: row[:_STATIC] quiet and zeros after, the PCIe downshift
+    # ratios when one is under 1.0 else None)
+    gpu_block: tuple[list[tuple[object, ...]], list[str], np.ndarray, list[float] | None] | None = None
+    ports_seen: tuple[object, np.ndarray | None, list[str]] = (None, None, [])
     aer_seen: object = None
     edac_seen: object = None
     reuse: bool = True  # False: recompute every part at every close (the reference the tests compare with)
@@ -152,8 +155,8 @@ def _accumulate(st: HostFeatureState, s: Sample) -> None:
     thr = st.throttle
     for g in s.gpus:
         r = g.clocks_event_reasons
-        if r:
-            thr[g.index] = thr.get(g.index, 0) | r
+        if r and r & _THR_MASK:  # only the bits a feature reads are kept
+            thr[g.index] = thr.get(g.index, 0) | (r & _THR_MASK)
         if g.xids:
             slots = _xid_slots()
             row = st.xids.setdefault(g.index, [0] * N_XID)
@@ -285,10 +288,29 @@ _I_TEMP_DEV, _I_POWER_DEV, _I_UTIL_DEV, _I_TEMP_Z = GI["temp_dev"], GI["power_de
 _NAN = math.nan
 
 
+_gauges = attrgetter("temperature_c", "power_w", "utilization_pct")
+
+
 def _gauge_columns(gpus: list[GpuSample]) -> list[list[float]]:
-    """Per GPU: temp_c, temp_dev, temp_z, power_w, power_dev, util_pct, util_dev (contiguous in
-    the row). Deviations are from the host's median GPU; a gauge NVML could not read (None, NaN)
-    is 0 with deviation 0 and takes no part in the median."""
+    """The gauge columns temp_c, temp_dev, temp_z, power_w, power_dev, util_pct, util_dev
+    (contiguous in the row), one value per GPU in each. Deviations are from the host's median GPU;
+    a gauge NVML could not read (None, NaN) is 0 with deviation 0 and takes no part in the median.
+    When every GPU read both gauges (the usual case) the same arithmetic runs column-wise."""
+    if len(gpus) < 2:
+        return [list(c) for c in zip(*_gauge_rows(gpus), strict=True)] if gpus else [[] for _ in range(7)]
+    temps, powers, utils = map(list, zip(*map(_gauges, gpus), strict=True))
+    ts, ps = sum(temps) if None not in temps else _NAN, sum(powers) if None not in powers else _NAN
+    if ts != ts or ps != ps:  # a gauge missing or NaN (or an inf - inf sum): GPU by GPU
+        return [list(c) for c in zip(*_gauge_rows(gpus), strict=True)]
+    utils = [u or 0.0 for u in utils]
+    mt, mp, mu = _median(temps), _median(powers), _median(utils)
+    scale = max(_median([abs(v - mt) for v in temps]) * 1.4826, 2.0)
+    td = [t - mt for t in temps]
+    return [temps, td, [d / scale for d in td], powers, [p - mp for p in powers], utils, [u - mu for u in utils]]
+
+
+def _gauge_rows(gpus: list[GpuSample]) -> list[list[float]]:
+    """:func:`_gauge_columns` GPU by GPU (rows), whatever the gauges hold."""
     temps = [g.temperature_c for g in gpus]
     powers = [g.power_w for g in gpus]
     utils = [g.utilization_pct or 0.0 for g in gpus]
@@ -323,7 +345,7 @@ def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
     parts = [_gpu_parts(g) for g in gpus]
     block = st.gpu_block
     if block is not None and st.reuse and block[0] == parts:
-        ids, static, lows = block[1], block[2], block[3]
+        ids, m, lows = block[1], block[2].copy(), block[3]
     else:  # some GPU's counters or flags changed: per GPU, the changed ones recomputed
         ids, rows, lows = [], [], []
         for g, pt in zip(gpus, parts, strict=True):
@@ -337,14 +359,14 @@ def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
             ids.append(key)
             rows.append(row)
             lows.append(low)
-        static = np.array(rows, dtype=np.float64).reshape(n, _STATIC)
-        quiet = np.array([st.gpu_seen[k][1] for k in ids], dtype=np.float64).reshape(n, _STATIC)
-        st.gpu_block = (parts, ids, quiet, lows)
-    m = np.zeros((n, _NF))
-    m[:, :_STATIC] = static
+        quiet = np.zeros((n, _NF))
+        quiet[:, :_STATIC] = np.array([st.gpu_seen[k][1] for k in ids], dtype=np.float64).reshape(n, _STATIC)
+        st.gpu_block = (parts, ids, quiet, lows if any(low < 1.0 for low in lows) else None)
+        m = np.zeros((n, _NF))
+        m[:, :_STATIC] = np.array(rows, dtype=np.float64).reshape(n, _STATIC)
     if n:
-        m[:, _I_TEMP:_I_UTIL_DEV + 1] = _gauge_columns(gpus)
-    if any(low < 1.0 for low in lows):
+        m.T[_I_TEMP:_I_UTIL_DEV + 1] = _gauge_columns(gpus)
+    if lows is not None and any(low < 1.0 for low in lows):
         for i, (g, low) in enumerate(zip(gpus, lows, strict=True)):
             if (g.utilization_pct or 0.0) >= 30.0 and low < 1.0:  # links downshift at idle by design
                 m[i, _I_DEGRADED] = 1.0 - low
@@ -362,11 +384,8 @@ def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
             xr = st.xids.get(g.index)
             if xr is not None:
                 m[i, _XID0:_XID0 + N_XID] = xr
-            if g.index in st.lost:
+            if g.index in st.lost:  # the closing sample's lost GPUs too: update() accumulated it
                 m[i, _I_LOST] = 1.0
-    for i, g in enumerate(gpus):
-        if not g.present or g.nvml_error is not None:
-            m[i, _I_LOST] = 1.0
     return m, ids
 
 
@@ -455,10 +474,11 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
                     other_cor += d[0] * per_min
                     other_uncor += d[1]
     gpu, gpu_ids = _gpu_matrix(st, s.gpus, per_min, aer_d)
-    ports_obj, quiet_ports = st.ports_seen
+    ports_obj, quiet_ports, port_ids = st.ports_seen
     if quiet_ports is not None and st.reuse and s.net_ports == ports_obj:
         port = quiet_ports
     else:
+        port_ids = [f"{p.device}/{p.port}" for p in s.net_ports]
         prows = [_port_row(st, p, per_min) for p in s.net_ports]
         if prows:
             _port_peers(prows)
@@ -467,7 +487,7 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
         quiet[:, :len(PORT_COUNTERS)] = 0.0
         quiet[:, PI["symbol_dev"]] = 0.0
         quiet.flags.writeable = False  # shared by every window until a port changes
-        st.ports_seen = (s.net_ports, quiet)
+        st.ports_seen = (s.net_ports, quiet, port_ids)
     host = np.zeros(len(HOST_FEATURES))
     best_dimm, best_ce = "host", 0
     if s.edac != st.edac_seen or not st.reuse:
@@ -490,8 +510,7 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
     host[3] = float(max(0, s.expected_gpus - present)) if s.expected_gpus else 0.0
     host[4], host[5], host[6] = st.kern
     host[7], host[8] = other_cor, other_uncor
-    return WindowFeatures(s.host, s.cluster, s.rack, st.t0, s.ts, gpu_ids, gpu,
-                          [f"{p.device}/{p.port}" for p in s.net_ports], port, host, best_dimm,
+    return WindowFeatures(s.host, s.cluster, s.rack, st.t0, s.ts, gpu_ids, gpu, port_ids, port, host, best_dimm,
                           [pci_key(g.pci_bus_id) if g.pci_bus_id else "" for g in s.gpus])
 
 
