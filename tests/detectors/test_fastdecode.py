@@ -128,6 +128,22 @@ def test_the_same_bytes_in_a_neighbouring_field_are_a_change():
         assert dec.stats.fallbacks == 0 and dec.check_cache() == []
 
 
+def test_a_bad_message_after_a_good_change_leaves_the_cache_sound():
+    # GPU 1 changes validly, GPU 3 invalidly in the same message: GPU 1's entry is already updated
+    # when GPU 3 sends the message to the strict path; the host's next samples must not notice
+    raw = _smoke(1)[0]
+    doc = json.loads(raw)
+    doc["gpus"][1]["pcie"]["replay_counter"] += 5
+    good = msgspec.json.encode(doc)
+    doc["gpus"][3]["ecc"]["dram_corrected_volatile"] = -1
+    bad = msgspec.json.encode(doc)
+    dec = _primed(raw)
+    for data in (bad, raw, good, good, raw, raw):
+        assert dec.decode(data) == decode_sample(data)
+        assert dec.check_cache() == []
+    assert dec.stats.fallbacks == 1
+
+
 def test_field_partition_covers_the_schema():
     assert sorted(GPU_RAW + GPU_STABLE + GPU_GAUGES) == sorted(GpuSample.__struct_fields__)
     assert {"nvlink", "ecc", "pcie", "xids", "field_errors"} <= set(GPU_RAW)
@@ -254,6 +270,11 @@ def test_check_cache_sees_a_mutated_shared_object():
     s.net_ports[0].counters["symbol_error"] = 99
     bad = dec.check_cache()
     assert any("gpus[2].ecc" in b for b in bad) and any("net_ports" in b for b in bad)
+    # the list of a sample's GPUs is the base of the host's next one
+    dec = IncrementalDecoder()
+    dec.decode(raw)
+    dec.decode(raw).gpus.reverse()
+    assert dec.check_cache() == [f"{s.host}: gpus"]
 
 
 @pytest.mark.slow
