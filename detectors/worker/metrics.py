@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client import Counter as PCounter
 from prometheus_client.core import GaugeMetricFamily
 
-from fleethealth.schema import Incident, Sample
+from fleethealth.schema import Incident
 
 
 class DetectMetrics:
@@ -66,8 +66,10 @@ class DetectMetrics:
                                 ["reason"], registry=r)
         r.register(_Live(self))
 
-    def sample(self, sample: Sample, now: float) -> None:
-        self.samples.inc()
+    def fed(self, n: int) -> None:
+        """``n`` samples of a batch were fed (once a batch: a Prometheus counter's inc takes a lock,
+        1-2 us, which per sample was about a tenth of the worker's own cost)."""
+        self.samples.inc(n)
 
     def incident(self, inc: Incident) -> None:
         self.incidents.labels(inc.failure_mode, inc.state).inc()

@@ -33,6 +33,7 @@ across hosts in arrival order, so an engine with them is fed in record order.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -58,6 +59,23 @@ from fleethealth.schema import ContractError, Incident, Sample, encode
 
 log = logging.getLogger(__name__)
 TP = tuple[str, int]
+
+
+GC_YOUNG = 10_000  # the collector's young-generation threshold in a long-running worker (CPython: 700)
+
+
+def streaming_gc() -> None:
+    """Collector settings for a long-running worker, called once start-up is done: the objects alive
+    now (modules, rules and their generated code, models) are frozen out of the collector's view,
+    and the young generation is collected every ``GC_YOUNG`` net allocations instead of 700. A
+    batch's decoded samples stay alive until it is fed, so at 700 the collector ran every ~70
+    samples and traversed them again and again: 17-22 us a sample of collector time on the 256-host
+    cut (gc.callbacks, load ~7), 6-8 us with these settings. Reference counting still frees all
+    acyclic garbage at once; only cycles wait longer (at most ``GC_YOUNG`` objects more)."""
+    gc.collect()
+    gc.freeze()
+    _, mid, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, mid, old)
 
 
 def staleness_clock(stream_now: float, high_water_ts: dict[TP, float], lag: dict[TP, int]) -> float:
@@ -196,6 +214,8 @@ class DetectWorker:
         fed = self._feed_batch(records, now) if self.group_hosts else self._feed_in_order(records, now)
         if fed:
             self._last_mono = self.monotonic()
+            if self.metrics is not None:
+                self.metrics.fed(fed)
         try:
             self._queue(self.engine.flush())  # findings the model detectors batched
         except Exception:  # a broken model must not stop the rules' incidents
@@ -229,8 +249,6 @@ class DetectWorker:
                 continue
             self.stats.samples += 1
             fed += 1
-            if self.metrics is not None:
-                self.metrics.sample(sample, now)
         return fed
 
     def _feed_batch(self, records: list[Record], now: float) -> int:
@@ -306,7 +324,6 @@ class DetectWorker:
                       tagged: list[tuple[int, Outgoing]]) -> int:
         feed = self.engine.feed
         topic = self.incidents_topic
-        metrics = self.metrics
         fed = 0
         for items in seg.values():
             for i, sample in items:
@@ -320,8 +337,6 @@ class DetectWorker:
                 for inc in incidents:
                     tagged.append((i, Outgoing(topic, inc.host, encode(inc), incident=inc)))
                 fed += 1
-                if metrics is not None:
-                    metrics.sample(sample, now)
         self.stats.samples += fed
         return fed
 

@@ -116,7 +116,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
     from detectors.engine.engine import DetectorEngine
     from detectors.engine.ruleset import RuleSet
     from detectors.worker.metrics import DetectMetrics
-    from detectors.worker.worker import DetectWorker
+    from detectors.worker.worker import DetectWorker, streaming_gc
     from fleethealth.config import load_config, open_bus
 
     rule_files = sorted(Path(args.rules).glob("*.yaml")) if args.rules else None
@@ -161,6 +161,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     log.info("detect: %d rules, %d extra detectors, group %s on %s topic %s", len(rules.specs), len(extra), args.group,
              args.bus, args.topic)
+    streaming_gc()  # start-up is done: freeze it, collect the young generation less often
     try:
         stats = worker.run(max_idle_polls=4 if args.exit_when_idle else None)
     except KeyboardInterrupt:
