@@ -157,25 +157,13 @@ def _builders() -> dict[str, Any]:
     return ns
 
 
-def _runs(names: tuple[str, ...], skip: tuple[str, ...]) -> list[tuple[int, int]]:
-    """The runs of consecutive positions in ``names`` that are not in ``skip``: [(start, stop)]."""
-    out: list[tuple[int, int]] = []
-    for i, n in enumerate(names):
-        if n in skip:
-            continue
-        if out and out[-1][1] == i:
-            out[-1] = (out[-1][0], i + 1)
-        else:
-            out.append((i, i + 1))
-    return out
-
-
 def _key_fn() -> Any:
-    """A GPU's fields but the gauges, as slices of ``astuple`` (one C call, not 19 attribute lookups)."""
-    runs = _runs(tuple(f.name for f in _GPU_FIELDS), GPU_GAUGES)
-    src = f"def gpu_key(g):\n    t = astuple(g)\n    return ({', '.join(f't[{a}:{z}]' for a, z in runs)},)\n"
-    ns: dict[str, Any] = {"astuple": msgspec.structs.astuple}
-    exec(compile(src, "<fastdecode key>", "exec"), ns)  # noqa: S102 - positions come from the schema
+    """A GPU's fields but the gauges, as one tuple (literal attribute reads: twice as fast as an
+    ``attrgetter`` of 19 names or slices of ``astuple``)."""
+    names = [f.name for f in _GPU_FIELDS if f.name not in GPU_GAUGES]
+    src = f"def gpu_key(g):\n    return ({', '.join(f'g.{n}' for n in names)},)\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, "<fastdecode key>", "exec"), ns)  # noqa: S102 - names come from the schema
     return ns["gpu_key"]
 
 
