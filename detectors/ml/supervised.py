@@ -116,13 +116,13 @@ class SupervisedDetector(WindowBatcher):
         for kind in KINDS:
             model = self.models.get(kind)
             mats = [w.gpu for w in ws] if kind == "gpu" else [w.port for w in ws] if kind == "port" \
-                else [w.host_row.reshape(1, -1) for w in ws]
-            sizes = [m.shape[0] for m in mats]
+                else [w.host_row for w in ws]  # host: one row per window
+            sizes = [m.shape[0] for m in mats] if kind != "host" else [1] * len(mats)
             n = sum(sizes)
             st["rows"] += n
             if model is None or n == 0:
                 continue
-            m = np.concatenate(mats) if len(mats) > 1 else mats[0]
+            m = np.concatenate(mats) if kind != "host" else np.array(mats).reshape(n, -1)
             g = np.flatnonzero(self.gate.mask(kind, m))
             if g.size == 0:
                 continue
@@ -138,6 +138,9 @@ class SupervisedDetector(WindowBatcher):
                     hits.setdefault(i, []).append((kind, r - int(start[i]), mode, prob))
         out: list[Finding] = []
         for i, w in enumerate(ws):  # in window order: state modes must persist across a host's windows
+            if i not in hits:
+                self.advance(w.host, ())
+                continue
             h = [(kind, window_rows(w)[kind], row, mode, prob) for kind, row, mode, prob in hits.get(i, ())]
             seen = self.advance(w.host, [(kind, ids[row], mode) for kind, (ids, _), row, mode, _ in h
                                          if mode in STATE_MODES])
