@@ -226,7 +226,7 @@ class DetectorEngine:
 
     def _absorbing(self, f: Finding) -> Finding | None:
         """If an open superseding episode absorbs f, return a finding that adds f as its evidence."""
-        for key in self.episodes.open_keys(f.host):
+        for key in sorted(self.episodes.open_keys(f.host)):  # a set: its order changes with PYTHONHASHSEED
             _, comp, mode = key
             rule = self.precedence.supersedes.get(mode)
             if rule is None or f.failure_mode not in rule[1]:

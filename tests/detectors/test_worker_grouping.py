@@ -133,3 +133,19 @@ def test_the_engine_alone_in_record_order_agrees() -> None:
         return i.id, i.state, i.last_seen, tuple(e.fact for e in i.evidence)
 
     assert sorted(map(key, worker_incidents)) == sorted(map(key, direct))
+
+
+def test_absorption_does_not_depend_on_the_hash_seed() -> None:
+    """Two open gpu_fell_off_bus episodes on a host (the GPU's and the host's): a pcie_fatal finding is
+    absorbed by the same one in every process (the open keys are a set: its order followed
+    PYTHONHASHSEED, and smoke-64h's incidents with it). The component's own episode comes first."""
+    from detectors.engine.finding import Finding
+    from fleethealth.schema import Evidence
+
+    engine = DetectorEngine()
+    for comp in ("host", "GPU-1234", "GPU-0042"):
+        engine.episodes.observe(Finding("h1", comp, "gpu_fell_off_bus", "critical", 0.98, "x", 100.0,
+                                        [Evidence(fact="fell off", ts=100.0)], ["drain"]))
+    f = Finding("h1", "0000:18:00.0", "pcie_fatal", "critical", 0.9, "y", 110.0, [Evidence(fact="AER", ts=110.0)], [])
+    got = engine._absorbing(f)
+    assert got is not None and got.component == "GPU-0042"
