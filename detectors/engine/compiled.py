@@ -335,6 +335,8 @@ class PresenceRule(Evaluator):
         default = ["TIMEOUT"] if self.check_kind == "nvml_unresponsive" else ["GPU_IS_LOST"]
         self.values = frozenset(spec.params.get("values", default))
         self.n = int(spec.params.get("for_samples", 1))
+        if self.check_kind == "gpu_count_below_expected":
+            self.nslots = 3  # count, GPUs known by index, present count at the last check
 
     def check(self, mem: list[Any], st: HostState, comp: str, elem: Any, sample: Sample,
               out: list[Finding]) -> None:
@@ -377,6 +379,7 @@ class PresenceRule(Evaluator):
         mem[self.slot + 1] = known
         present = {g.index: g.uuid or f"gpu{g.index}" for g in sample.gpus if g.present}
         nvml_down = any(e.source.startswith("nvml") for e in sample.source_errors)
+        mem[self.slot + 2] = len(present)  # the generated evaluator's guard reads it
         if sample.expected_gpus <= 0 or nvml_down or len(present) >= sample.expected_gpus:
             mem[self.slot] = 0
             if len(known) < 4 * 64:

@@ -86,6 +86,125 @@ def test_generated_code_matches_interpreted_rules():
     assert fired > 50  # the random stream really exercised the rules
 
 
+def _swap(s):
+    s.gpus[3] = replace(s.gpus[3], uuid="GPU-NEW")
+
+
+def _reindex(s):
+    s.gpus[3] = replace(s.gpus[3], uuid="GPU-NEW", index=9)
+
+
+def _absent(s):
+    s.expected_gpus = 7
+    s.gpus[3] = replace(s.gpus[3], present=False)
+
+
+def _dup_index(s):
+    s.gpus[3] = replace(s.gpus[3], uuid="GPU-NEW", index=2)
+
+
+def _drop(s):
+    s.gpus = s.gpus[:3] + s.gpus[4:]
+
+
+OLD3, NEW3 = "GPU-h0-03-0000-4c2a-9b1e", "GPU-NEW"
+
+
+@pytest.mark.parametrize(("script", "missing"), [
+    ([_swap, _swap, _drop, _drop], {NEW3}),  # a GPU replaced in place, then lost: its new UUID is missing
+    ([_reindex, _reindex, _drop, _drop], {OLD3, NEW3}),  # index 3 was never seen leaving
+    ([_absent, None, None, _drop, _drop], {OLD3}),  # listed absent while the count still met expected_gpus
+    ([_dup_index, _dup_index, _dup_index], {OLD3}),  # two GPUs with one index: fewer present than listed
+])
+def test_gpu_count_rule_follows_the_gpu_list(script, missing):
+    """The generated GPU-count rule skips its check while the GPU list is the last sample's; a GPU
+    swapped in place, renumbered or listed absent changes it (the guard once kept the old UUID)."""
+    gen = RuleSet.load()
+    h = HostSeries("h0")
+    a, b = HostState("h0"), HostState("h0")
+    fired = set()
+    for fn in [None, None, *script]:
+        s = h.advance(fn)
+        for st in (a, b):
+            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
+        out_a: list = []
+        out_b: list = []
+        gen.evaluate(a, s, out_a)
+        gen.evaluate_interpreted(b, s, out_b)
+        assert _canon(out_a) == _canon(out_b)
+        fired |= {f.component for f in out_a if f.detector == "gpu.fell-off.count"}
+    assert fired == missing
+
+
+def test_conditions_guarded_by_a_gauge_follow_it():
+    """A condition whose expression reads no gauge but whose ``when`` does (PCIe gen under load, SW
+    power cap at low load) is skipped while its inputs are unchanged and it was false; the load
+    moving while it holds, inputs that are the same object or only equal: both paths agree."""
+    gen = RuleSet.load()
+    h = HostSeries("h0")
+    a, b = HostState("h0"), HostState("h0")
+    shared = replace(h.base.gpus[2].pcie, gen_current=4)  # one object, as the incremental decoder gives
+    fired: set[str] = set()
+
+    def bend(step):
+        def fn(s):
+            util = 90.0 if (step // 7) % 2 == 0 else 20.0
+            if 5 <= step < 60:
+                s.gpus[2] = replace(s.gpus[2], pcie=shared, utilization_pct=util)
+                s.gpus[4] = replace(s.gpus[4], pcie=replace(s.gpus[4].pcie, gen_current=3), utilization_pct=util)
+            if step >= 10:
+                s.gpus[5] = replace(s.gpus[5], clocks_event_reasons=0x4, utilization_pct=20.0 if step % 40 < 35 else 60.0)
+        return fn
+
+    for step in range(90):
+        s = h.advance(bend(step))
+        for st in (a, b):
+            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
+        out_a: list = []
+        out_b: list = []
+        gen.evaluate(a, s, out_a)
+        gen.evaluate_interpreted(b, s, out_b)
+        assert _canon(out_a) == _canon(out_b), step
+        fired |= {(f.detector, f.component) for f in out_a}
+    # the PCIe rule names the GPU's PCI address (GPUs 2 and 4 sit at 0x38 and 0x58)
+    assert fired == {("pcie.gpu.gen-under-load", "0000:38:00.0"), ("pcie.gpu.gen-under-load", "0000:58:00.0"),
+                     ("gpu.throttle.sw-power-cap", "GPU-h0-05-0000-4c2a-9b1e")}
+
+
+def test_nvlink_loop_skipped_whole_only_when_every_gpu_is_as_last_run():
+    """The generated nvlink loop is skipped while every GPU's nvlink object is the one its last run
+    saw; a link that stays down, a GPU listed twice (one component, two objects), a GPU swapped in
+    place with the same nvlink object: the interpreter agrees at every step."""
+    gen = RuleSet.load()
+    h = HostSeries("h0")
+    a, b = HostState("h0"), HostState("h0")
+    down = replace(h.base.gpus[1].nvlink, active=[False] + [True] * 17)
+    fired: set[str] = set()
+
+    def bend(step):
+        def fn(s):
+            if 3 <= step < 12:
+                s.gpus[1] = replace(s.gpus[1], nvlink=down)  # the same object while the link is down
+            if 15 <= step < 30:
+                twin_nv = down if step % 3 else replace(down)  # the twin's object: shared, then only equal
+                s.gpus.append(replace(s.gpus[1], nvlink=twin_nv if step < 25 else s.gpus[1].nvlink))
+            if step >= 35:
+                s.gpus[6] = replace(s.gpus[6], uuid="GPU-NEW", nvlink=down if step < 40 else s.gpus[6].nvlink)
+        return fn
+
+    for step in range(45):
+        s = h.advance(bend(step))
+        for st in (a, b):
+            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
+        out_a: list = []
+        out_b: list = []
+        gen.evaluate(a, s, out_a)
+        gen.evaluate_interpreted(b, s, out_b)
+        assert _canon(out_a) == _canon(out_b), step
+        fired |= {f.component for f in out_a if f.detector == "gpu.nvlink.inactive"}
+    assert fired == {"GPU-h0-01-0000-4c2a-9b1e", "GPU-NEW"}
+
+
 REPLAY = Path(__file__).resolve().parents[2] / "replay_data"
 
 
