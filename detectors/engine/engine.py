@@ -140,15 +140,16 @@ class DetectorEngine:
         if live:
             self.stats["samples"] += 1
         ts = sample.ts
-        # only a current sample ends an unreachable episode: one stamped older than the staleness
-        # limit before the last tick (a spool resend, a host clock far behind) says nothing of now
-        if self.episodes.has_open(sample.host, "host", _UNREACHABLE) and ts > self._last_tick - self.stale_limit(st):
-            out.extend(self.episodes.clear(sample.host, ts, "telemetry resumed", "host"))
-        if st.epoch_changed:
-            out.extend(self.episodes.clear(sample.host, ts, "reboot or driver reload cleared it"))
-        # quiet periods on the host's own clock, before this sample's findings: an episode resolves
-        # when the host has reported quiet_s of clean samples, however far other hosts have run
-        out.extend(self.episodes.expire(sample.host, ts))
+        if self.episodes.by_host.get(sample.host):  # the host has open episodes (most have none)
+            # only a current sample ends an unreachable episode: one stamped older than the staleness
+            # limit before the last tick (a spool resend, a host clock far behind) says nothing of now
+            if self.episodes.has_open(sample.host, "host", _UNREACHABLE) and ts > self._last_tick - self.stale_limit(st):
+                out.extend(self.episodes.clear(sample.host, ts, "telemetry resumed", "host"))
+            if st.epoch_changed:
+                out.extend(self.episodes.clear(sample.host, ts, "reboot or driver reload cleared it"))
+            # quiet periods on the host's own clock, before this sample's findings: an episode resolves
+            # when the host has reported quiet_s of clean samples, however far other hosts have run
+            out.extend(self.episodes.expire(sample.host, ts))
         findings: list[Finding] = []
         self.rules.evaluate(st, sample, findings)
         for d in self.extra:
@@ -256,10 +257,13 @@ class DetectorEngine:
         if self.stale_intervals > 0:
             spec = self.rules.staleness
             assert spec is not None
-            for host in sorted(self.hosts):
-                st = self.hosts[host]
-                limit = self.stale_limit(st)
+            intervals, min_s, hosts = self.stale_intervals, self.stale_min_s, self.hosts
+            for host in sorted(hosts):
+                st = hosts[host]
                 age = now_ts - st.last_ts
+                if age <= min_s:  # within the limit's floor: not stale (most hosts, every tick)
+                    continue
+                limit = max(intervals * (st.interval_s or 0.0), min_s)  # stale_limit(st), inline
                 if st.samples and age > limit and not self.episodes.has_open(host, "host", _UNREACHABLE):
                     fact = spec.evidence.format_map(_Facts(age_s=round(age), count=round(age / st.interval_s)
                                                            if st.interval_s else "?", host=host))
