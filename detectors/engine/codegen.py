@@ -332,7 +332,7 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
     body = ["def evaluate(st, sample, out):"] + (["    n0 = len(out)"] if fold is not None else []) + [
             "    ep = st.epoch_changed", "    pos = st.pos",
             "    any_xid = False", f"    gchg = {not tracked}", "    nvchg = False", "    gates = st.gates",
-            f"    if len(gates) < {len(scopes)}:", f"        gates.extend([None, True] for _ in range({len(scopes)} - len(gates)))"]
+            f"    if len(gates) < {2 * len(scopes)}:", f"        gates[:] = [None, True] * {len(scopes)}"]
     order = [s for s in SCOPES if s != "host"] + ["host"]
     for scope in order:
         if scope not in index:
@@ -356,14 +356,14 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
         if scope == "nvlink" and nvwhole:
             # skipped as a whole (see nvwhole) when, after its last run, every GPU's nvlink memory
             # held that GPU's object and none was live: the run that follows records whether it does
-            body += [f"    gk = gates[{k}]", "    if ep or gchg or nvchg or gk[1] or len(sample.gpus) != gk[0]:",
+            body += [f"    if ep or gchg or nvchg or gates[{2 * k + 1}] or len(sample.gpus) != gates[{2 * k}]:",
                      "        live = False", "        seen = []"]
             pre = "        "
         elif whole is not None:
             # the scope's list is the very object of the host's previous sample (the incremental
             # decoder reuses it when its bytes did not change) and no component had a live rule:
             # every gated block would be skipped, so skip the loop
-            body += [f"    gk = gates[{k}]", f"    if ep or gk[1] or sample.{whole} is not gk[0]:",
+            body += [f"    if ep or gates[{2 * k + 1}] or sample.{whole} is not gates[{2 * k}]:",
                      "        live = False"]
             pre = "        "
         body += [f"{pre}pc = pos[{k}] if len(pos) > {k} else ()", f"{pre}npc = len(pc)"]
@@ -387,10 +387,10 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
         body += _gated(g, scope, evs, ind, "gchg = True" if scope == "gpu" else None)
         if scope == "nvlink" and nvwhole:
             body += [f"{pre}for m, x in seen:", f"{pre}    if m[{SAME}] is not x or m[{FLAG}]:",
-                     f"{pre}        live = True", f"{pre}gk[0] = len(sample.gpus)", f"{pre}gk[1] = live"]
+                     f"{pre}        live = True", f"{pre}gates[{2 * k}] = len(sample.gpus)", f"{pre}gates[{2 * k + 1}] = live"]
         elif whole is not None:
             body += [f"{ind}if mem[{FLAG}]:", f"{ind}    live = True",
-                     f"{pre}gk[0] = sample.{whole}", f"{pre}gk[1] = live"]
+                     f"{pre}gates[{2 * k}] = sample.{whole}", f"{pre}gates[{2 * k + 1}] = live"]
     if fold is not None:
         g.ns["FOLD"], g.ns["FOLDIDS"] = fold
         body += ["    if len(out) > n0:", "        FOLD(sample, out, n0, FOLDIDS)"]

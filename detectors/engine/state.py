@@ -155,8 +155,9 @@ class HostState:
     # (scope, component) -> that component's rule memory (a list of slots, see detectors.engine.ruleset)
     slots: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     pos: list[list[Any]] = field(default_factory=list)  # per scope: component memory by position
-    # per scope: [the sample list last evaluated, any component live then] (see detectors.engine.codegen)
-    gates: list[list[Any]] = field(default_factory=list)
+    # per scope k, at 2k and 2k+1: the sample list last evaluated, any component live then
+    # (see detectors.engine.codegen)
+    gates: list[Any] = field(default_factory=list)
     snapshot: bool = False  # stateless evaluation: counters count from zero
     facts: list[Any] = field(default_factory=list)  # snapshot only: parsed facts of the capture
     notes: list[str] = field(default_factory=list)  # bounded: last few state notes
