@@ -86,7 +86,7 @@ def _replay(client: str, bootstrap: str, path: Path, topic: str, limit: int | No
 def _drain(bus: Any, topic: str, expect: int, with_models: bool, timeout_s: float) -> tuple[int, float, float]:
     """A DetectWorker over ``bus`` feeds ``expect`` samples of ``topic``; (samples, CPU s, wall s)."""
     from detectors.engine.engine import DetectorEngine
-    from detectors.worker.worker import DetectWorker
+    from detectors.worker.worker import DetectWorker, streaming_gc
 
     extra = []
     if with_models:
@@ -97,6 +97,8 @@ def _drain(bus: Any, topic: str, expect: int, with_models: bool, timeout_s: floa
     w = DetectWorker(bus, DetectorEngine(extra_detectors=extra), group=f"bench-cap-{tag}", topic=topic,
                      incidents_topic=f"{topic}.incidents", deadletter_topic=f"{topic}.deadletter",
                      idle_tick=False, metrics=None)
+
+    streaming_gc()  # what `fleethealth detect` sets once its start-up is done
 
     def run() -> int:
         end = time.monotonic() + timeout_s
