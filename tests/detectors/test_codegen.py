@@ -64,6 +64,19 @@ def _canon(fs):
     return sorted((f.host, f.component, f.failure_mode, f.detector, f.ts, [e.fact for e in f.evidence]) for f in fs)
 
 
+def _both(gen, ref, a, b, s, where=None):
+    """Admit ``s`` into both states, evaluate it generated (``a``) and interpreted (``b``), assert
+    the two agree; the generated findings."""
+    for st in (a, b):
+        Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
+    out_a: list = []
+    out_b: list = []
+    gen.evaluate(a, s, out_a)
+    ref.evaluate_interpreted(b, s, out_b)
+    assert _canon(out_a) == _canon(out_b), where
+    return out_a
+
+
 def test_generated_code_matches_interpreted_rules():
     gen, ref = RuleSet.load(), RuleSet.load()
     rng = random.Random(7)
@@ -75,13 +88,7 @@ def test_generated_code_matches_interpreted_rules():
         for h in series:
             s = h.advance(lambda s: _mutate(rng, s))
             a, b = st_gen.setdefault(s.host, HostState(s.host)), st_ref.setdefault(s.host, HostState(s.host))
-            for st in (a, b):
-                Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
-            out_a: list = []
-            out_b: list = []
-            gen.evaluate(a, s, out_a)
-            ref.evaluate_interpreted(b, s, out_b)
-            assert _canon(out_a) == _canon(out_b)
+            out_a = _both(gen, ref, a, b, s)
             fired += len(out_a)
     assert fired > 50  # the random stream really exercised the rules
 
@@ -125,13 +132,7 @@ def test_gpu_count_rule_follows_the_gpu_list(script, missing):
     fired = set()
     for fn in [None, None, *script]:
         s = h.advance(fn)
-        for st in (a, b):
-            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
-        out_a: list = []
-        out_b: list = []
-        gen.evaluate(a, s, out_a)
-        gen.evaluate_interpreted(b, s, out_b)
-        assert _canon(out_a) == _canon(out_b)
+        out_a = _both(gen, gen, a, b, s)
         fired |= {f.component for f in out_a if f.detector == "gpu.fell-off.count"}
     assert fired == missing
 
@@ -158,13 +159,7 @@ def test_conditions_guarded_by_a_gauge_follow_it():
 
     for step in range(90):
         s = h.advance(bend(step))
-        for st in (a, b):
-            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
-        out_a: list = []
-        out_b: list = []
-        gen.evaluate(a, s, out_a)
-        gen.evaluate_interpreted(b, s, out_b)
-        assert _canon(out_a) == _canon(out_b), step
+        out_a = _both(gen, gen, a, b, s, step)
         fired |= {(f.detector, f.component) for f in out_a}
     # the PCIe rule names the GPU's PCI address (GPUs 2 and 4 sit at 0x38 and 0x58)
     assert fired == {("pcie.gpu.gen-under-load", "0000:38:00.0"), ("pcie.gpu.gen-under-load", "0000:58:00.0"),
@@ -194,13 +189,7 @@ def test_nvlink_loop_skipped_whole_only_when_every_gpu_is_as_last_run():
 
     for step in range(45):
         s = h.advance(bend(step))
-        for st in (a, b):
-            Admission.admit(st, s.seq, s.ts, s.boot_id, s.driver_version)
-        out_a: list = []
-        out_b: list = []
-        gen.evaluate(a, s, out_a)
-        gen.evaluate_interpreted(b, s, out_b)
-        assert _canon(out_a) == _canon(out_b), step
+        out_a = _both(gen, gen, a, b, s, step)
         fired |= {f.component for f in out_a if f.detector == "gpu.nvlink.inactive"}
     assert fired == {"GPU-h0-01-0000-4c2a-9b1e", "GPU-NEW"}
 
