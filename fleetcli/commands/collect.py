@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fleethealth.cliutil import flag, kafka_client_flag
+from fleethealth.cliutil import flag, kafka_client_flag, kafka_wire_flag
 from fleethealth.errors import ServiceUnavailable, UserError
 
 log = logging.getLogger("fleethealth.collect")
@@ -78,6 +78,7 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
     flag(p, "--identity-key", metavar="FILE", help="this host's key (fleethealth identity-key HOST, hex, mode 600): "
          "every Kafka record is signed with it, for detect --identity-secret")
     kafka_client_flag(p)
+    kafka_wire_flag(p)
     flag(p, "--topic", default="fleet.telemetry.v1", help="Kafka / JSONL topic for samples")
     flag(p, "--interval", type=float, default=10.0, help=f"seconds between polls (at least {MIN_INTERVAL:g})")
     flag(p, "--jitter", type=float, default=0.0, help="random extra delay per poll, 0..S seconds")
@@ -115,11 +116,12 @@ def register(sub: Any) -> None:  # sub: argparse._SubParsersAction
 
 
 def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | None = None,
-          kafka_client: str | None = None) -> Any:
+          kafka_client: str | None = None, kafka_wire: str | None = None) -> Any:
     from collectors.sinks import JsonlSink, KafkaSink, StdoutSink
 
     if identity_key and not (spec == "kafka" or spec.startswith("kafka:")):
         raise UserError("--identity-key signs Kafka records (headers): use it with --sink kafka")
+    wire = _wire(spec, kafka_wire, config)
 
     if spec == "stdout":
         return StdoutSink()
@@ -137,8 +139,23 @@ def _sink(spec: str, topic: str, config: str | None = None, identity_key: str | 
         bootstrap = spec[6:] if spec.startswith("kafka:") else ks.bootstrap
         key = read_key_file(identity_key, "--identity-key") if identity_key else None
         return KafkaSink(bootstrap, topic, identity_key=key, security=ks.security, compression=ks.compression,
-                         client_id=f"{ks.client_id}-collector", client=choose_client(kafka_client, cfg))
+                         client_id=f"{ks.client_id}-collector", client=choose_client(kafka_client, cfg),
+                         wire=wire)
     raise UserError(f"unknown --sink {spec!r}: use kafka[:HOST:PORT], stdout or jsonl:PATH")
+
+
+def _wire(spec: str, kafka_wire: str | None, config: str | None) -> str:
+    """The sink's encoding, checked before anything starts: --kafka-wire / [kafka].wire on Kafka,
+    JSON elsewhere (a --kafka-wire there does nothing: an error)."""
+    if not (spec == "kafka" or spec.startswith("kafka:")):
+        if kafka_wire:
+            raise UserError(f"--kafka-wire {kafka_wire} (or FLEETHEALTH_KAFKA_WIRE) sets the encoding on Kafka; "
+                            "stdout and JSONL sinks always write JSON: drop it, or use --sink kafka")
+        return "json"
+    from fleethealth.config import kafka_wire as choose_wire
+    from fleethealth.config import load_config
+
+    return choose_wire(kafka_wire, load_config(config))
 
 
 def _inject(args: argparse.Namespace, nvml: Any, sys_root: Path, kmsg: Path) -> None:
@@ -190,6 +207,7 @@ def run_collect(args: argparse.Namespace) -> int:
     if sink_spec is None:
         raise UserError("collect needs a sink: --sink kafka[:HOST:PORT] | jsonl:PATH | stdout (or FLEETHEALTH_SINK); "
                         "it does not write samples to stdout (the journal) unless told to")
+    _wire(sink_spec, args.kafka_wire, getattr(args, "config", None))  # a bad value: one line, nothing started
     state_dir = args.state_dir
     made_tmp = False
     sysfs, proc, kmsg = args.sysfs_root, args.proc_root, args.kmsg_file
@@ -240,7 +258,8 @@ def run_collect(args: argparse.Namespace) -> int:
     scrapers = [PromScrapeSource(kind, url, timeout=args.scrape_timeout, state_dir=settings.state_dir)
                 for kind, url in specs]
     try:
-        sink = _sink(sink_spec, args.topic, getattr(args, "config", None), args.identity_key, args.kafka_client)
+        sink = _sink(sink_spec, args.topic, getattr(args, "config", None), args.identity_key, args.kafka_client,
+                     args.kafka_wire)
     except BaseException:
         if server is not None:
             server.shutdown()

@@ -83,3 +83,24 @@ def test_the_collect_path_stays_under_50_mb_and_imports_no_ml_stack(tmp_path):
     rc, rss_mb, heavy = r.stdout.split()
     assert rc == "0" and heavy == "-", r.stdout + r.stderr[-2000:]
     assert int(rss_mb) < 50, f"collector max RSS {rss_mb} MB"
+
+
+def test_a_msgpack_record_spooled_for_kafka_goes_to_a_jsonl_sink_as_json(tmp_path):
+    """The spool keeps each record's bytes across a change of sink: a JSON sink writes a msgpack
+    record (spooled while the sink was Kafka) as JSON, and its own new sample as JSON."""
+    from collectors.spool import Spool
+    from fleetcli.cli import main
+    from fleethealth.bus import read_values
+    from fleethealth.schema import decode_sample, encode_packed
+    from tests.spine.sample_factory import sample
+
+    old = sample(host="sim-1", gpus=2)
+    spool = Spool(tmp_path / "state" / "spool")
+    spool.append(old.host, encode_packed(old))
+    spool.close()
+    out = tmp_path / "out.jsonl"
+    assert main(["--log-level", "warning", "collect", "--simulate", "--once", "--exporter-port", "0", "--host", "sim-1",
+                 "--sink", f"jsonl:{out}", "--state-dir", str(tmp_path / "state")]) == 0
+    lines = list(read_values(out))
+    assert len(lines) == 2 and all(v.startswith(b"{") for v in lines)
+    assert decode_sample(lines[0]) == old and decode_sample(lines[1]).host == "sim-1"

@@ -146,3 +146,49 @@ def test_replay_shipped_dataset_into_kafka(kafka_bootstrap: str, client: str) ->
     assert len(got) == limit
     seqs = _per_host_in_order(got)
     assert sum(len(v) for v in seqs.values()) == limit
+
+
+def test_wire_msgpack_transcodes_and_detect_refuses_and_finds_the_same(rec: Path, tmp_path: Path) -> None:
+    """``replay --wire msgpack`` sends what collectors send; what the strict decoder refuses, salvages
+    or finds is the same as from the recorded JSON, and a refused binary sample's dead letter names
+    its host in its excerpt."""
+    import msgspec
+
+    from detectors.engine.engine import DetectorEngine
+    from detectors.worker.worker import DetectWorker
+    from fleethealth.schema import is_packed
+
+    lines = list(read_values(rec))
+
+    def edit(i: int, fn) -> bytes:
+        d = msgspec.json.decode(lines[i])
+        fn(d)
+        return msgspec.json.encode(d)
+
+    lines[3] = edit(3, lambda d: d.update(bogus=1))  # an unknown field: refused whole
+    lines[7] = edit(7, lambda d: d["gpus"][0]["ecc"].update(dram_corrected_volatile=-5))  # salvaged: field removed
+    lines[9] = edit(9, lambda d: d["gpus"][1]["ecc"].update(dram_corrected_aggregate=2**70))  # no msgpack for it
+    lines[11:11] = [b"not json", b'{"v":2,"host":"x"}']  # refused by replay itself
+    path = tmp_path / "edited.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    seen = {}
+    for wire in ("as-recorded", "msgpack"):
+        bus = InProcessBus()
+        st = replay_file(path, bus, wire=wire)
+        w = DetectWorker(bus, DetectorEngine(), idle_tick=False, clock=lambda: 1e10)
+        w.run(max_idle_polls=1)
+        incs = sorted(msgspec.json.decode(r.value)["failure_mode"] for r in bus.records("fleet.incidents.v1"))
+        dead = [msgspec.json.decode(r.value) for r in bus.records(DEADLETTER)]
+        seen[wire] = ((st.published, st.invalid), (w.stats.samples, w.stats.dead_letters, w.stats.fields_rejected),
+                      incs, sorted(d["reason"] for d in dead))
+        packed = [is_packed(r.value) for r in bus.records(TELEMETRY)]
+        if wire == "msgpack":
+            assert st.as_recorded == 1 and packed.count(False) == 1
+            assert str(2**70).encode() in next(r.value for r in bus.records(TELEMETRY) if not is_packed(r.value))
+            refused = next(d for d in dead if d["source_topic"] == TELEMETRY)
+            assert refused["payload_excerpt"].startswith("b'\\x8") and "gpu-node" in refused["payload_excerpt"]
+        else:
+            assert st.as_recorded == 0 and not any(packed)
+    assert seen["msgpack"] == seen["as-recorded"]
+    (pub, invalid), (samples, dead_n, salvaged), incs, _ = seen["msgpack"]
+    assert (pub, invalid) == (len(lines) - 2, 2) and dead_n == 3 and salvaged == 2 and samples == pub - 1 and incs

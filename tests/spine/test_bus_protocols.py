@@ -96,3 +96,15 @@ def test_without_confluent_kafka_the_default_falls_back_and_an_explicit_choice_i
         kafka_bus("127.0.0.1:1", "confluent")
     with pytest.raises(ConfigError, match="not installed"):
         kafka_bus("127.0.0.1:1", None, Config({"kafka": {"client": "confluent"}}, None))
+
+
+def test_kafka_wire_is_chosen_by_flag_then_config_then_default_msgpack():
+    import pytest
+
+    from fleethealth.config import DEFAULT_KAFKA_WIRE, Config, ConfigError, kafka_wire
+
+    assert kafka_wire(None) == DEFAULT_KAFKA_WIRE == "msgpack"
+    assert kafka_wire(None, Config({"kafka": {"wire": "json"}}, None)) == "json"
+    assert kafka_wire("msgpack", Config({"kafka": {"wire": "json"}}, None)) == "msgpack"
+    with pytest.raises(ConfigError, match=r"\[kafka\].wire 'avro': use one of msgpack, json"):
+        kafka_wire(None, Config({"kafka": {"wire": "avro"}}, None))

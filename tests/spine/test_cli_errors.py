@@ -48,6 +48,8 @@ def test_bad_global_env_value_is_one_line(args: list[str], tmp_path: Path) -> No
     ("FLEETHEALTH_QUIET", "maybe", ["replay", "x.jsonl"]),            # yes/no flag
     ("FLEETHEALTH_GZIP_LEVEL", "11", ["simulate", "--out", "x.jsonl"]),  # out of its choices
     ("FLEETHEALTH_KAFKA_CLIENT", "librdkafka", ["replay", "x.jsonl"]),  # not a Kafka client
+    ("FLEETHEALTH_KAFKA_WIRE", "avro", ["collect", "--once"]),        # not a wire format
+    ("FLEETHEALTH_REPLAY_WIRE", "avro", ["replay", "x.jsonl"]),
 ], ids=lambda v: str(v))
 def test_bad_command_env_value_is_one_line(var: str, value: str, args: list[str], tmp_path: Path) -> None:
     r = cli(args, tmp_path, {var: value})
@@ -58,6 +60,22 @@ def test_bad_command_env_value_is_one_line(var: str, value: str, args: list[str]
 def test_good_env_values_still_work(tmp_path: Path) -> None:
     r = cli(["--version"], tmp_path, {"FLEETHEALTH_LOG_LEVEL": "debug", "FLEETHEALTH_QUIET": "no"})
     assert r.returncode == 0 and r.stdout.startswith("fleethealth "), r.stderr
+
+
+@pytest.mark.parametrize(("toml", "args", "words"), [
+    ('[kafka]\nwire = "avro"\n', ["collect", "--simulate", "--once", "--sink", "kafka:127.0.0.1:1"],
+     ["[kafka].wire", "'avro'", "msgpack, json"]),
+    ("", ["collect", "--simulate", "--once", "--kafka-wire", "json"], ["--kafka-wire", "JSON"]),  # stdout sink
+    ("", ["replay", "x.jsonl", "--wire", "msgpack", "--to", "jsonl:bus.jsonl"], ["--wire msgpack"]),
+], ids=["config", "kafka-wire-on-stdout", "replay-msgpack-to-jsonl"])
+def test_bad_wire_settings_are_one_line_and_start_nothing(toml: str, args: list[str], words: list[str],
+                                                          tmp_path: Path) -> None:
+    (tmp_path / "x.jsonl").write_text("")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml)
+    r = cli(["--config", str(cfg), *args], tmp_path)
+    assert_user_error(r, *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "x.jsonl"]
 
 
 @pytest.mark.parametrize("kind", ["missing", "folder", "binary"])
