@@ -17,6 +17,12 @@ One run, one recording: the fleet simulator writes ``--hosts`` hosts x ``--minut
 4. **client rows**: per client, consume (poll → bus Records), consume + strict decode, and produce
    (publish + acknowledged flush), per message, on the recording's samples.
 
+Each of 1.-4. has a msgpack row beside the JSON one, on the same recording in the same run (the
+collectors' default wire format, fleethealth.config.DEFAULT_KAFKA_WIRE): ``replay --wire msgpack``
+(transcoding: strict decode + ``encode_packed``) on the default client fills a second topic; detect
+drains it (rules; rules + ML) and the same msgpack samples in-process (a length-framed file read
+as the JSONL bus reads lines); the client rows consume and produce the msgpack messages.
+
 Process CPU excludes start-up (imports, group join): what a long-running worker spends per sample.
 The broker shares the machine's cores (its CPU is not counted). Topics are deleted afterwards.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import struct
 import sys
 import tempfile
 import time
@@ -72,13 +79,14 @@ def _timed(fn: Callable[[], int]) -> tuple[int, float, float]:
     return n, time.process_time() - c0, time.perf_counter() - w0
 
 
-def _replay(client: str, bootstrap: str, path: Path, topic: str, limit: int | None) -> tuple[int, float, float]:
+def _replay(client: str, bootstrap: str, path: Path, topic: str, limit: int | None,
+            wire: str = "as-recorded") -> tuple[int, float, float]:
     from simulator.replay import REPLAY_DELIVERY_REPORTS, replay_file
 
     bus = _bus(client, bootstrap, delivery_reports=REPLAY_DELIVERY_REPORTS)  # as `fleethealth replay` opens it
     bus.producer  # connect before the clock starts  # noqa: B018
     try:
-        return _timed(lambda: replay_file(path, bus, topic=topic, limit=limit).published)
+        return _timed(lambda: replay_file(path, bus, topic=topic, limit=limit, wire=wire).published)
     finally:
         bus.close()
 
@@ -113,7 +121,70 @@ def _drain(bus: Any, topic: str, expect: int, with_models: bool, timeout_s: floa
         w.close()
 
 
-def _client_rows(client: str, bootstrap: str, topic: str, n: int, raw: list[bytes]) -> list[Row]:
+_FRAME = struct.Struct("<I")
+
+
+def _packed_file(path: Path, out: Path) -> int:
+    """The recording's samples as msgpack (encode_packed: what collectors send), length-framed."""
+    from fleethealth.bus import iter_jsonl
+    from fleethealth.schema import decode_sample, encode_packed
+
+    n = 0
+    with open(out, "wb", buffering=1 << 20) as fh:
+        for _, raw in iter_jsonl(path):
+            v = encode_packed(decode_sample(raw))
+            fh.write(_FRAME.pack(len(v)) + v)
+            n += 1
+    return n
+
+
+class _PackedFileBus:
+    """The in-process bus for msgpack samples: telemetry read from a length-framed file as the JSONL
+    bus reads its lines (no key, offsets counted); what the worker publishes is kept in memory."""
+
+    def __init__(self, path: Path, topic: str) -> None:
+        from fleethealth.bus import InProcessBus
+
+        self.path, self.topic, self.out = path, topic, InProcessBus()
+
+    def publish(self, topic: str, key: str | None, value: bytes, headers: Any = ()) -> None:
+        self.out.publish(topic, key, value, headers)
+
+    def flush(self, timeout: float | None = None) -> None:
+        pass
+
+    def consumer(self, topics: Any, group: str) -> Any:
+        from fleethealth.bus import Record
+
+        fh = open(self.path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the consumer
+        topic = self.topic
+
+        class _C:
+            pos = 0
+
+            def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Any]:
+                out = []
+                for _ in range(max_records):
+                    head = fh.read(4)
+                    if len(head) < 4:
+                        break
+                    out.append(Record(topic, 0, self.pos, None, fh.read(_FRAME.unpack(head)[0])))
+                    self.pos += 1
+                return out
+
+            def commit(self) -> None:
+                pass
+
+            def close(self) -> None:
+                fh.close()
+
+        return _C()
+
+    def close(self) -> None:
+        pass
+
+
+def _client_rows(client: str, bootstrap: str, topic: str, n: int, raw: list[bytes], fmt: str = "JSON") -> list[Row]:
     from fleethealth.schema import decode_sample
 
     bus = _bus(client, bootstrap)
@@ -137,9 +208,9 @@ def _client_rows(client: str, bootstrap: str, topic: str, n: int, raw: list[byte
 
         got, cpu, wall = _timed(run)
         c.close()
-        out.append(Row("kafka/client", f"{client}: {stage}", cpu / max(got, 1) * 1e6, "µs/msg",
+        out.append(Row("kafka/client", f"{client}: {stage} ({fmt})", cpu / max(got, 1) * 1e6, "µs/msg",
                        f"{got:,} msgs of {topic.rsplit('.', 1)[0]} in {wall:.1f} s wall; {_load()}"))
-    ptopic = f"{topic}.produce"
+    ptopic = f"{topic}.produce{fmt.lower()}"
     from fleethealth.kafka_bus import ensure_topics
 
     ensure_topics(bootstrap, [ptopic], partitions=8)
@@ -152,8 +223,9 @@ def _client_rows(client: str, bootstrap: str, topic: str, n: int, raw: list[byte
         return sum(1 for a in acks if a is not None and a.is_done and a.succeeded())
 
     acked, cpu, wall = _timed(produce)
-    out.append(Row("kafka/client", f"{client}: produce (publish + acknowledged flush)", cpu / len(raw) * 1e6,
-                   "µs/msg", f"{acked:,}/{len(raw):,} acknowledged, {len(raw) / wall:,.0f} msgs/s wall; {_load()}"))
+    out.append(Row("kafka/client", f"{client}: produce (publish + acknowledged flush) ({fmt})", cpu / len(raw) * 1e6,
+                   "µs/msg", f"{acked:,}/{len(raw):,} acknowledged of {sum(map(len, raw)) / len(raw) / 1e3:.1f} KB, "
+                             f"{len(raw) / wall:,.0f} msgs/s wall; {_load()}"))
     bus.close()
     return out
 
@@ -173,8 +245,9 @@ def rows(kafka: str | None = None, hosts: int = 256, minutes: float = 70.0, quic
 
     tag = uuid.uuid4().hex[:8]
     topics = {c: f"bench.{tag}.{c.replace('-', '')}.telemetry" for c in clients}
-    made = [t for t in topics.values()] + [f"{t}.{s}" for t in topics.values() for s in ("incidents", "deadletter",
-                                                                                        "produce")]
+    mp_topic = f"bench.{tag}.msgpack.telemetry"
+    made = [*topics.values(), mp_topic] + [f"{t}.{s}" for t in [*topics.values(), mp_topic]
+                                           for s in ("incidents", "deadletter", "producejson", "producemsgpack")]
     out: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="fh-bench-cap-") as tmp:
         path, n = _recording(Path(tmp), hosts, minutes)
@@ -187,10 +260,17 @@ def rows(kafka: str | None = None, hosts: int = 256, minutes: float = 70.0, quic
                 limit = None if c == clients[-1] else min(n, 30_000)
                 got, cpu, wall = _replay(c, bootstrap, path, topics[c], limit)
                 full[c] = got
-                out.append(Row("kafka/replay", f"replay -> Kafka, {c}", got / wall, "samples/s",
+                out.append(Row("kafka/replay", f"replay -> Kafka, {c} (JSON as recorded)", got / wall, "samples/s",
                                f"{got:,} samples, {cpu / got * 1e6:.0f} µs CPU/sample (one process); {fleet}; {_load()}"))
             filled = topics[clients[-1]]
-            # 2./3. detect: in-process (JSONL bus) and through Kafka, rules and rules + ML
+            got, cpu, wall = _replay(clients[-1], bootstrap, path, mp_topic, None, "msgpack")
+            full["msgpack"] = got
+            out.append(Row("kafka/replay", f"replay --wire msgpack -> Kafka, {clients[-1]} (transcoding)", got / wall,
+                           "samples/s", f"{got:,} samples, {cpu / got * 1e6:.0f} µs CPU/sample (one process); {fleet}; "
+                                        f"{_load()}"))
+            packed = Path(tmp) / "capacity.msgpack"
+            _packed_file(path, packed)
+            # 2./3. detect: in-process (JSONL bus; msgpack: the framed file) and through Kafka, rules and rules + ML
             for models in (False, True):
                 what = "rules + ML" if models else "rules"
                 got, cpu, wall = _drain(JsonlBus(path, append=True), "fleet.telemetry.v1", n, models, 600)
@@ -204,10 +284,27 @@ def rows(kafka: str | None = None, hosts: int = 256, minutes: float = 70.0, quic
                                    "host-samples/s/core",
                                    f"{per * 1e6:.1f} µs CPU/sample (x{per / base:.2f} in-process), {got / wall:,.0f}/s "
                                    f"wall, {got:,} fed; {fleet}; {_load()}"))
-            # 4. the clients alone
+                got, cpu, wall = _drain(_PackedFileBus(packed, "fleet.telemetry.v1"), "fleet.telemetry.v1", n, models,
+                                        600)
+                mbase = cpu / max(got, 1)
+                out.append(Row("kafka/capacity", f"detect in-process (msgpack file), {what}", 1 / mbase,
+                               "host-samples/s/core", f"{mbase * 1e6:.1f} µs CPU/sample (x{mbase / base:.2f} JSON "
+                                                      f"in-process), {got / wall:,.0f}/s wall; {fleet}; {_load()}"))
+                c = clients[-1]
+                got, cpu, wall = _drain(_bus(c, bootstrap), mp_topic, full["msgpack"], models, 600)
+                per = cpu / max(got, 1)
+                out.append(Row("kafka/capacity", f"detect draining the msgpack topic, {c}, {what}", 1 / per,
+                               "host-samples/s/core",
+                               f"{per * 1e6:.1f} µs CPU/sample (x{per / mbase:.2f} msgpack in-process), "
+                               f"{got / wall:,.0f}/s wall, {got:,} fed; {fleet}; {_load()}"))
+            # 4. the clients alone, JSON and msgpack messages
             raw = [v for _, v in zip(range(20_000), (r for _, r in iter_jsonl(path)), strict=False)]
+            from fleethealth.schema import decode_sample, encode_packed
+
+            raw_mp = [encode_packed(decode_sample(v)) for v in raw]
             for c in clients:
                 out += _client_rows(c, bootstrap, filled, min(n, 50_000), raw)
+                out += _client_rows(c, bootstrap, mp_topic, min(n, 50_000), raw_mp, "msgpack")
         finally:
             delete_topics(bootstrap, made)
     return out

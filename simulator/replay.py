@@ -10,11 +10,11 @@ any message was not delivered (a report per message would cost a sample ~6 us an
 
 ``wire`` is the encoding published (:data:`WIRES`): ``as-recorded`` sends each line's bytes as
 they are (JSON, in a recording); ``msgpack`` sends what collectors send to Kafka by default
-(fleethealth.config.kafka_wire), ``json`` JSON. Transcoding is value for value with no schema check
-(msgspec's generic decode, then encode), so a sample the strict decoder refuses is still refused,
-by the detect worker, for the same reason; a line that has no exact rendering in the other format
-(an integer past 64 bits, a number JSON rounds to infinity) is sent as recorded instead and counted
-in ``ReplayStats.as_recorded`` -- either way the consumer's strict decode sees the same values.
+(fleethealth.config.kafka_wire), ``json`` JSON. Transcoding is a strict decode and the struct's
+encode (the bytes a collector would have sent: the detect worker's incremental decoder only reuses
+work on that canonical form). A sample the strict decoder does not take as it is (a field to
+salvage, an unknown field, an integer past 64 bits) is sent as recorded and counted in
+``ReplayStats.as_recorded``: the detect worker refuses or salvages it exactly as from the file.
 """
 
 from __future__ import annotations
@@ -25,37 +25,36 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import msgspec
-
 from fleethealth.bus import DEADLETTER, TELEMETRY, Bus, BusError, iter_jsonl
 from fleethealth.deadletter import dead_letter
 from fleethealth.errors import UserError
-from fleethealth.schema import ContractError, decode_envelope, encode, is_packed
+from fleethealth.salvage import has_long_digits
+from fleethealth.schema import SAMPLE, ContractError, decode_envelope, encode, encode_packed, is_packed
 
 log = logging.getLogger("fleethealth.replay")
 REPLAY_DELIVERY_REPORTS = "failures"  # how `replay` opens a Kafka bus (fleethealth.bus.DELIVERY_REPORTS)
 WIRES = ("as-recorded", "msgpack", "json")
-_json_dec = msgspec.json.Decoder()
-_mp_dec = msgspec.msgpack.Decoder()
-_json_enc = msgspec.json.Encoder()
-_mp_enc = msgspec.msgpack.Encoder()
-_NOT_EXACT = (msgspec.MsgspecError, OverflowError, TypeError, ValueError, RecursionError)
 
 
 def transcoder(wire: str) -> Callable[[bytes], bytes | None] | None:
-    """``raw -> bytes in `wire``` (None: no exact rendering, send ``raw``); None for ``as-recorded``."""
+    """``raw -> the sample in `wire``` (None: the strict decoder does not take it as it is: send
+    ``raw`` for the detect worker to refuse or salvage); None for ``as-recorded``."""
     if wire == "as-recorded":
         return None
     if wire not in WIRES:
         raise UserError(f"--wire {wire!r}: use one of {', '.join(WIRES)}")
     to_packed = wire == "msgpack"
+    enc = encode_packed if to_packed else encode
 
     def convert(raw: bytes) -> bytes | None:
-        if is_packed(raw) == to_packed:
+        packed = is_packed(raw)
+        if packed == to_packed:
             return raw
-        try:
-            return _mp_enc.encode(_json_dec.decode(raw)) if to_packed else _json_enc.encode(_mp_dec.decode(raw))
-        except _NOT_EXACT:
+        if not packed and has_long_digits(raw):  # maybe an integer past 2**64-1: decode_sample salvages it
+            return None
+        try:  # the struct's own encoding: what collectors send, and the decoder's cache takes
+            return enc(SAMPLE.decode(raw))
+        except ContractError:
             return None
 
     return convert
@@ -74,7 +73,7 @@ class ReplayStats:
     seconds: float = 0.0
     truncated: str = ""  # why reading stopped early (a damaged gzip tail), if it did
     wire: str = "as-recorded"
-    as_recorded: int = 0  # samples sent as recorded because they have no exact rendering in ``wire``
+    as_recorded: int = 0  # samples sent as recorded: the strict decoder does not take them as they are
 
     @property
     def rate(self) -> float:

@@ -149,14 +149,14 @@ def test_replay_shipped_dataset_into_kafka(kafka_bootstrap: str, client: str) ->
 
 
 def test_wire_msgpack_transcodes_and_detect_refuses_and_finds_the_same(rec: Path, tmp_path: Path) -> None:
-    """``replay --wire msgpack`` sends what collectors send; what the strict decoder refuses, salvages
-    or finds is the same as from the recorded JSON, and a refused binary sample's dead letter names
-    its host in its excerpt."""
+    """``replay --wire msgpack`` sends what collectors send (encode_packed's bytes); what the strict
+    decoder refuses, salvages or finds is the same as from the recorded JSON (those samples go as
+    recorded), and a refused binary sample's dead letter names its host in its excerpt."""
     import msgspec
 
     from detectors.engine.engine import DetectorEngine
     from detectors.worker.worker import DetectWorker
-    from fleethealth.schema import is_packed
+    from fleethealth.schema import decode_sample, encode_packed, is_packed
 
     lines = list(read_values(rec))
 
@@ -167,7 +167,7 @@ def test_wire_msgpack_transcodes_and_detect_refuses_and_finds_the_same(rec: Path
 
     lines[3] = edit(3, lambda d: d.update(bogus=1))  # an unknown field: refused whole
     lines[7] = edit(7, lambda d: d["gpus"][0]["ecc"].update(dram_corrected_volatile=-5))  # salvaged: field removed
-    lines[9] = edit(9, lambda d: d["gpus"][1]["ecc"].update(dram_corrected_aggregate=2**70))  # no msgpack for it
+    lines[9] = edit(9, lambda d: d["gpus"][1]["ecc"].update(dram_corrected_aggregate=2**70))  # salvaged too
     lines[11:11] = [b"not json", b'{"v":2,"host":"x"}']  # refused by replay itself
     path = tmp_path / "edited.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
@@ -183,12 +183,18 @@ def test_wire_msgpack_transcodes_and_detect_refuses_and_finds_the_same(rec: Path
                       incs, sorted(d["reason"] for d in dead))
         packed = [is_packed(r.value) for r in bus.records(TELEMETRY)]
         if wire == "msgpack":
-            assert st.as_recorded == 1 and packed.count(False) == 1
-            assert str(2**70).encode() in next(r.value for r in bus.records(TELEMETRY) if not is_packed(r.value))
-            refused = next(d for d in dead if d["source_topic"] == TELEMETRY)
-            assert refused["payload_excerpt"].startswith("b'\\x8") and "gpu-node" in refused["payload_excerpt"]
+            assert st.as_recorded == 3 and packed.count(False) == 3
+            assert {r.value for r in bus.records(TELEMETRY) if not is_packed(r.value)} == {lines[3], lines[7], lines[9]}
+            assert all(r.value == encode_packed(decode_sample(r.value)) for r in bus.records(TELEMETRY) if is_packed(r.value))
         else:
             assert st.as_recorded == 0 and not any(packed)
     assert seen["msgpack"] == seen["as-recorded"]
     (pub, invalid), (samples, dead_n, salvaged), incs, _ = seen["msgpack"]
     assert (pub, invalid) == (len(lines) - 2, 2) and dead_n == 3 and salvaged == 2 and samples == pub - 1 and incs
+    bus = InProcessBus()  # a refused msgpack sample's dead letter stays readable
+    d = msgspec.msgpack.decode(encode_packed(decode_sample(lines[0])))
+    bus.publish(TELEMETRY, d["host"], msgspec.msgpack.encode({**d, "bogus": 1}))
+    DetectWorker(bus, DetectorEngine(), idle_tick=False).run(max_idle_polls=1)
+    (letter,) = [msgspec.json.decode(r.value) for r in bus.records(DEADLETTER)]
+    assert "unknown field `bogus`" in letter["reason"] and letter["payload_excerpt"].startswith("b'\\x8")
+    assert d["host"] in letter["payload_excerpt"]
