@@ -91,6 +91,9 @@ def _replay(client: str, bootstrap: str, path: Path, topic: str, limit: int | No
         bus.close()
 
 
+_INCIDENTS: list[int] = []  # incidents each _drain raised, in order (the same recording: the same count)
+
+
 def _drain(bus: Any, topic: str, expect: int, with_models: bool, timeout_s: float) -> tuple[int, float, float]:
     """A DetectWorker over ``bus`` feeds ``expect`` samples of ``topic``; (samples, CPU s, wall s)."""
     from detectors.engine.engine import DetectorEngine
@@ -118,6 +121,7 @@ def _drain(bus: Any, topic: str, expect: int, with_models: bool, timeout_s: floa
     try:
         return _timed(run)
     finally:
+        _INCIDENTS.append(w.stats.incidents)
         w.close()
 
 
@@ -276,27 +280,29 @@ def rows(kafka: str | None = None, hosts: int = 256, minutes: float = 70.0, quic
                 got, cpu, wall = _drain(JsonlBus(path, append=True), "fleet.telemetry.v1", n, models, 600)
                 base = cpu / max(got, 1)
                 out.append(Row("kafka/capacity", f"detect in-process (JSONL bus), {what}", 1 / base, "host-samples/s/core",
-                               f"{base * 1e6:.1f} µs CPU/sample, {got / wall:,.0f}/s wall; {fleet}; {_load()}"))
+                               f"{base * 1e6:.1f} µs CPU/sample, {got / wall:,.0f}/s wall, {_INCIDENTS[-1]} incidents; "
+                               f"{fleet}; {_load()}"))
                 for c in clients:
                     got, cpu, wall = _drain(_bus(c, bootstrap), filled, full[clients[-1]], models, 600)
                     per = cpu / max(got, 1)
                     out.append(Row("kafka/capacity", f"detect draining the topic, {c}, {what}", 1 / per,
                                    "host-samples/s/core",
                                    f"{per * 1e6:.1f} µs CPU/sample (x{per / base:.2f} in-process), {got / wall:,.0f}/s "
-                                   f"wall, {got:,} fed; {fleet}; {_load()}"))
+                                   f"wall, {got:,} fed, {_INCIDENTS[-1]} incidents; {fleet}; {_load()}"))
                 got, cpu, wall = _drain(_PackedFileBus(packed, "fleet.telemetry.v1"), "fleet.telemetry.v1", n, models,
                                         600)
                 mbase = cpu / max(got, 1)
                 out.append(Row("kafka/capacity", f"detect in-process (msgpack file), {what}", 1 / mbase,
                                "host-samples/s/core", f"{mbase * 1e6:.1f} µs CPU/sample (x{mbase / base:.2f} JSON "
-                                                      f"in-process), {got / wall:,.0f}/s wall; {fleet}; {_load()}"))
+                                                      f"in-process), {got / wall:,.0f}/s wall, {_INCIDENTS[-1]} incidents; {fleet}; "
+                                                      f"{_load()}"))
                 c = clients[-1]
                 got, cpu, wall = _drain(_bus(c, bootstrap), mp_topic, full["msgpack"], models, 600)
                 per = cpu / max(got, 1)
                 out.append(Row("kafka/capacity", f"detect draining the msgpack topic, {c}, {what}", 1 / per,
                                "host-samples/s/core",
                                f"{per * 1e6:.1f} µs CPU/sample (x{per / mbase:.2f} msgpack in-process), "
-                               f"{got / wall:,.0f}/s wall, {got:,} fed; {fleet}; {_load()}"))
+                               f"{got / wall:,.0f}/s wall, {got:,} fed, {_INCIDENTS[-1]} incidents; {fleet}; {_load()}"))
             # 4. the clients alone, JSON and msgpack messages
             raw = [v for _, v in zip(range(20_000), (r for _, r in iter_jsonl(path)), strict=False)]
             from fleethealth.schema import decode_sample, encode_packed
