@@ -77,9 +77,9 @@ def register(sub: Any) -> None:
     flag(r, "--topic", default=TELEMETRY, help="topic to publish to")
     flag(r, "--wire", choices=REPLAY_WIRES, default="as-recorded", env="FLEETHEALTH_REPLAY_WIRE",
          help="encoding published: as-recorded (the default: each line's bytes, JSON), msgpack (what "
-              "collectors send to Kafka by default) or json. Transcoding costs a full generic decode "
-              "(~100 us a 13.8 KB sample, 5x replay's own cost, more than detect saves on msgpack); "
-              "bad samples are sent as they are, for detect to refuse the same way")
+              "collectors send to Kafka by default) or json. Transcoding costs replay a strict decode and "
+              "encode a sample, more CPU than detect saves on msgpack (docs/telemetry.md#wire-format); "
+              "samples the strict decoder does not take go as recorded, for detect to refuse the same way")
     flag(r, "--speed", type=float, default=0.0, help="0 = full speed; X = X times real time")
     flag(r, "--limit", type=int, default=None, help="stop after N samples")
     flag(r, "--score", action="store_true", help="run the detectors and print the scorecard")

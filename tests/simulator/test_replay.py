@@ -198,3 +198,10 @@ def test_wire_msgpack_transcodes_and_detect_refuses_and_finds_the_same(rec: Path
     (letter,) = [msgspec.json.decode(r.value) for r in bus.records(DEADLETTER)]
     assert "unknown field `bogus`" in letter["reason"] and letter["payload_excerpt"].startswith("b'\\x8")
     assert d["host"] in letter["payload_excerpt"]
+
+
+def test_replay_wire_choices_are_the_replayers() -> None:
+    from fleetcli.commands.simulate import REPLAY_WIRES
+    from simulator.replay import WIRES
+
+    assert REPLAY_WIRES == WIRES  # the CLI's literal (no msgspec import for --help) is the replayer's list
