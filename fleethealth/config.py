@@ -102,8 +102,8 @@ def kafka_client(name: str | None, cfg: Config | None = None) -> str:
     return chosen
 
 
-# msgpack: a sample is 10.9 KB instead of 13.8 KB of JSON, and the detect worker's decoder spends
-# ~20 us less on it (benchmarks/bench_kafka_capacity.py has the rows side by side). JSON stays the
+# msgpack: a sample is 10.9 KB instead of 13.8 KB of JSON, and the detect worker spends 13-40 us less
+# on it (benchmarks/bench_kafka_capacity.py has the rows side by side; docs/telemetry.md). JSON stays the
 # format of stdout, JSONL files and recordings (read by people); consumers read both.
 DEFAULT_KAFKA_WIRE = "msgpack"
 
