@@ -36,16 +36,44 @@ msgspec structs are mutable, so nothing downstream may mutate a decoded sample â
 not (``tests/detectors/test_fastdecode.py`` feeds the engine, ML included, and checks every cached
 object still equals a fresh decode of its bytes: :meth:`IncrementalDecoder.check_cache`).
 
+msgpack: the byte template, tried first. A host's consecutive msgpack samples almost always have the
+same length, and every byte but the values of ts, seq and the GPU gauges is the same (99.4 % of
+samples on a 256-host recording; a float is 9 bytes whatever its value). So from a message P the
+envelope path decoded, the host keeps a *template*: P's bytes with a hole at each such value (a
+fixed-width number, type byte included, or a positive fixint), and P's sample. A
+new message D of P's length whose bytes outside the holes are P's (one join of the template with D's
+hole bytes, one compare), whose holes keep P's type bytes (or a byte 0x00-0x7f where P had a fixint),
+is P's sample with those fields replaced by one decode of D's hole bytes as a tuple of the fields'
+own annotated types. Anything else (another length, another byte, a value its field refuses: NaN,
+out of range, a type byte that changed) goes to the envelope path above, which decides as before.
+Why D's strict decode is that sample, or the same error:
+
+* msgpack is read left to right, and a value's type byte (with, for strings and containers, the
+  length after it) says how many bytes and items follow. Up to the first hole D is P; a hole holds
+  a number of the width its type byte gives, the same width in D as in P (the same type byte, or a
+  fixint: one byte); so the strict decoder reaches every byte of D at the same place in the same
+  item as in P: the same maps with the same keys in the same order (P's: canonical, no duplicate),
+  the same values, but at the holes. Each hole is then the value of the field whose key precedes
+  it, decoded context-free: the tuple element of that field's type decodes the same bytes the same
+  way (int to float, the Meta bounds, -0.0 kept) or refuses them as the strict decoder would.
+* P's sample is ``decode_sample(P)`` (no salvage: the envelope path took no fallback), and no rule
+  of the schema ties one field to another, so the strict decode of D is P's with the holes'
+  fields replaced, and a message the template refuses is decided by the path that decided before.
+* The template found for D is the one filed under D's host bytes (a hint: any other template
+  differs from D in the host's bytes, which lie outside the holes, and is refused).
+
 Memory: per host, the Raw views keep the previous message buffer alive (one message per host, as
-large as a sample), and the signature (about the sample's size without its gauges); ``max_hosts`` bounds the hosts kept (least recently seen dropped first), and
-:meth:`forget` drops one (a partition moved away).
+large as a sample), and the signature (about the sample's size without its gauges; JSON only: the
+template stands in for it on msgpack) or the template (P's bytes, its sample); ``max_hosts``
+bounds the hosts kept (least recently seen dropped first), and :meth:`forget` drops one (a
+partition moved away).
 """
 
 from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Annotated, Any
 
 import msgspec
@@ -174,6 +202,187 @@ _B = _builders()
 _gpu_with_gauges, _gpu_new, _sample_new = _B["gpu_gauges"], _B["gpu_new"], _B["sample_new"]
 
 
+# ------------------------------------------------------------------ the byte-template path (msgpack)
+
+# Fields whose value moves in the usual sample: the envelope's and every GPU's (the gauges).
+FAST_SAMPLE = ("ts", "seq")
+FAST_GPU = GPU_GAUGES
+_SAMPLE_HINTS = typing.get_type_hints(Sample, include_extras=True)
+# msgpack type bytes of fixed-width numbers -> the value's width (type byte included): float32/64,
+# uint8-64, int8-64. The type byte alone gives the width; a positive fixint (0x00-0x7f) is its own
+# type byte and value (width 1). Every other value (str, nil, bool, containers) is left as bytes.
+_NUM_WIDTH = {0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
+# the width of a scalar whose type byte gives it (fixints, nil, bools, fixstr, numbers); 0: other
+_SCALAR_WIDTH = tuple(1 if t < 0x80 or t >= 0xE0 or t in (0xC0, 0xC2, 0xC3) else 1 + (t & 0x1F) if 0xA0 <= t <= 0xBF
+                      else _NUM_WIDTH.get(t, 0) for t in range(256))
+_MAX_SHAPES = 512  # distinct (fields, GPU count) layouts with a compiled decoder and builder
+
+
+def _map_len(data: bytes, pos: int) -> tuple[int, int]:
+    t = data[pos]
+    if 0x80 <= t <= 0x8F:
+        return t & 0x0F, pos + 1
+    if t == 0xDE:
+        return int.from_bytes(data[pos + 1:pos + 3], "big"), pos + 3
+    raise _Fallback  # map32: no sample is that large
+
+
+def _array_len(data: bytes, pos: int) -> tuple[int, int]:
+    t = data[pos]
+    if 0x90 <= t <= 0x9F:
+        return t & 0x0F, pos + 1
+    if t == 0xDC:
+        return int.from_bytes(data[pos + 1:pos + 3], "big"), pos + 3
+    raise _Fallback
+
+
+def _array_head(n: int) -> bytes:
+    return bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big")
+
+
+def _host_key(data: bytes) -> bytes | None:
+    """The host value's bytes (a hint for the candidate base; the byte compare decides)."""
+    at = 1 if data[0] != 0xDE else 3
+    if data[at:at + 5] != b"\xa4host":
+        return None
+    t = data[at + 5]
+    if 0xA0 <= t <= 0xBF:
+        return data[at + 5:at + 6 + (t & 0x1F)]
+    if t == 0xD9:
+        return data[at + 5:at + 7 + data[at + 6]]
+    return None
+
+
+_shapes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def _shape(names: tuple[tuple[int, str], ...], ngpus: int) -> tuple[Any, Any]:
+    """A tuple decoder of the fields' own annotated types (their Meta constraints included) and a
+    builder ``build(prev, values) -> Sample`` with those fields replaced, for one layout."""
+    got = _shapes.get((names, ngpus))
+    if got is not None:
+        return got
+    types = tuple(_SAMPLE_HINTS[n] if g < 0 else _GPU_HINTS[n] for g, n in names)
+    dec = msgspec.msgpack.Decoder(tuple.__class_getitem__(types))  # type: ignore[attr-defined]
+    top = [f"{n}=v[{i}]" for i, (g, n) in enumerate(names) if g < 0]
+    per: list[list[str]] = [[] for _ in range(ngpus)]
+    for i, (g, n) in enumerate(names):
+        if g >= 0:
+            per[g].append(f"{n}=v[{i}]")
+    gpus = ", ".join(f"replace(g[{j}], {', '.join(kw)})" if kw else f"g[{j}]" for j, kw in enumerate(per))
+    src = (f"def build(s, v):\n    g = s.gpus\n"
+           f"    return replace(s, {', '.join([*top, f'gpus=[{gpus}]'])})\n")
+    ns: dict[str, Any] = {"replace": msgspec.structs.replace}
+    exec(compile(src, "<fastdecode template builder>", "exec"), ns)  # noqa: S102 - names come from the schema
+    got = (dec, ns["build"])
+    if len(_shapes) < _MAX_SHAPES:
+        _shapes[(names, ngpus)] = got
+    return got
+
+
+@dataclass(slots=True, eq=False)
+class _Template:
+    """One msgpack message P of a host (decoded by the envelope path to ``sample``) as constant
+    bytes around the values that move: ``parts`` is P's bytes with ``None`` at each such value
+    (filled in with the new message's values, joined and compared with it)."""
+
+    host: str
+    size: int
+    parts: list[bytes | None]
+    values: Any  # itemgetter of the values' slices
+    types: Any  # itemgetter of the fixed-width values' type bytes (positions ``typepos``)
+    typebytes: tuple[int, ...]
+    fixint: tuple[int, ...]  # indexes (into the values) of positive fixints: any byte 0x00-0x7f
+    head: bytes  # array header of the values
+    decode: Any
+    build: Any
+    sample: Sample
+    reused: int  # sub-objects a sample built on it shares (the statistics' "reused")
+    given: bytes  # P's own values (head included), for check_cache
+    key: bytes = b""  # the host value's bytes in P: where the decoder files it
+
+
+def _template(data: bytes, env: Any, sample: Sample) -> _Template | None:
+    """Walk P's top-level map and GPU maps (a canonical message the envelope decoded: each value's
+    bytes are its canonical encoding, a Raw's bytes for a sub-object) and note where the moving
+    values lie. None when there is nothing to gain (no such value) or a layout it does not know."""
+    encode = msgspec.msgpack.Encoder().encode
+    spans: list[tuple[int, int, int, str]] = []  # (start, end, GPU or -1, field)
+
+    def value(obj: Any, name: str, pos: int, raws: tuple[str, ...], moving: tuple[str, ...], gpu: int) -> int:
+        if name in raws:
+            return pos + len(getattr(obj, name))
+        t = data[pos]
+        if name in moving and (t < 0x80 or t in _NUM_WIDTH):
+            width = _SCALAR_WIDTH[t]
+            spans.append((pos, pos + width, gpu, name))
+            return pos + width
+        return pos + (_SCALAR_WIDTH[t] or len(encode(getattr(obj, name))))
+
+    def key(pos: int) -> tuple[str, int]:
+        t = data[pos]
+        if not 0xA0 <= t <= 0xBF:
+            raise _Fallback
+        end = pos + 1 + (t & 0x1F)
+        return data[pos + 1:end].decode(), end
+
+    try:
+        n, pos = _map_len(data, 0)
+        for _ in range(n):
+            name, pos = key(pos)
+            if name != "gpus":
+                pos = value(env, name, pos, SAMPLE_RAW, FAST_SAMPLE, -1)
+                continue
+            m, pos = _array_len(data, pos)
+            if m != len(env.gpus):
+                return None
+            for i, g in enumerate(env.gpus):
+                k, pos = _map_len(data, pos)
+                for _ in range(k):
+                    gname, pos = key(pos)
+                    pos = value(g, gname, pos, GPU_RAW, FAST_GPU, i)
+    except (_Fallback, IndexError, UnicodeDecodeError, AttributeError):
+        return None
+    if pos != len(data) or len(spans) < 2:
+        return None
+    parts: list[bytes | None] = []
+    at = 0
+    typepos, typebytes, fixint = [], [], []
+    for j, (a, b, _, _) in enumerate(spans):
+        parts += [data[at:a], None]
+        at = b
+        if data[a] < 0x80:
+            fixint.append(j)
+        else:
+            typepos.append(a)
+            typebytes.append(data[a])
+    parts.append(data[at:])
+    if len(typepos) < 2:
+        return None
+    dec, build = _shape(tuple((g, n) for _, _, g, n in spans), len(env.gpus))
+    values = itemgetter(*(slice(a, b) for a, b, _, _ in spans))
+    head = _array_head(len(spans))
+    return _Template(env.host, len(data), parts, values, itemgetter(*typepos), tuple(typebytes), tuple(fixint),
+                     head, dec.decode, build, sample, len(env.gpus) * len(GPU_RAW) + len(SAMPLE_RAW),
+                     head + b"".join(values(data)))
+
+
+def _template_bytes(tpl: _Template) -> bytes:
+    """P again, from the constant parts and P's own values (check_cache)."""
+    widths = iter(_NUM_WIDTH[t] for t in tpl.typebytes)
+    fix = set(tpl.fixint)
+    at = len(tpl.head)
+    out = []
+    for i, part in enumerate(tpl.parts):
+        if i % 2 == 0:
+            out.append(part)
+            continue
+        w = 1 if i // 2 in fix else next(widths)
+        out.append(tpl.given[at:at + w])
+        at += w
+    return b"".join(out)  # type: ignore[arg-type]
+
+
 class _Fallback(Exception):
     """Internal: take the strict path."""
 
@@ -196,6 +405,7 @@ class _HostEntry:
     # gauges moved, and ``outs`` (the last sample's GPUs) are then the bases for the new gauges
     sig: bytes = b""
     outs: list[GpuSample] = field(default_factory=list)
+    tpl: _Template | None = None  # the byte template of its last msgpack sample the envelope path decoded
 
 
 @dataclass(slots=True)
@@ -204,6 +414,7 @@ class DecodeStats:
     fallbacks: int = 0  # decoded by the strict decoder (non-canonical bytes, bad message, ...)
     reused: int = 0  # sub-objects taken from the cache
     decoded: int = 0  # sub-objects decoded because their bytes changed
+    templated: int = 0  # msgpack samples built from the host's byte template (all but moving values equal)
 
 
 def _decode_part(part: _Part, raw: Any, packed: bool) -> Any:
@@ -221,13 +432,15 @@ class IncrementalDecoder:
     """``decode_sample`` with per-host reuse of unchanged sub-objects. Not thread-safe (one per
     worker). ``decoder.decode(data)`` (or ``decoder(data)``) -> Sample or ContractError."""
 
-    def __init__(self, max_hosts: int = 100_000) -> None:
+    def __init__(self, max_hosts: int = 100_000, templates: bool = True) -> None:
         self.max_hosts = max_hosts
+        self.templates = templates  # msgpack: the byte-template path first (False: as before it, for tests)
         self.stats = DecodeStats()
         self._hosts: dict[str, _HostEntry] = {}
         self._json = (msgspec.json.Decoder(_SampleEnvelope), msgspec.json.Encoder())
         self._msgpack = (msgspec.msgpack.Decoder(_SampleEnvelope), msgspec.msgpack.Encoder())
         self._buf = bytearray()  # the canonical re-encoding, written in place: no 14 KB bytes a sample
+        self._fast: dict[bytes, _Template] = {}  # host value's bytes -> its template (hosts in _hosts only)
 
     def __call__(self, data: bytes | str) -> Sample:
         return self.decode(data)
@@ -239,6 +452,13 @@ class IncrementalDecoder:
             self.stats.fallbacks += 1
             return decode_sample(data)
         packed = 0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)  # as schema._Codec.decode
+        if packed and self._fast:  # empty unless self.templates
+            key = _host_key(data)
+            tpl = self._fast.get(key) if key is not None else None
+            if tpl is not None and len(data) == tpl.size:
+                got = self._from_template(tpl, data)
+                if got is not None:
+                    return got
         dec, enc = self._msgpack if packed else self._json
         try:
             env = dec.decode(data)
@@ -248,26 +468,75 @@ class IncrementalDecoder:
                 raise _Fallback
             if env.seq > U64_MAX:  # the envelope's other integers are bounded by the schema, but
                 raise _Fallback    # for clocks_event_reasons (checked per changed GPU below)
-            return self._assemble(env, packed, enc.encode)
+            sample = self._assemble(env, packed, enc.encode)
         except (msgspec.MsgspecError, RecursionError, _Fallback):
             self.stats.fallbacks += 1
             return decode_sample(data)
+        if packed and self.templates:
+            self._retemplate(data, env, sample)
+        return sample
+
+    def _from_template(self, tpl: _Template, data: bytes) -> Sample | None:
+        """The host's template with the new values, or None (then the envelope path decides)."""
+        vals = tpl.values(data)
+        if tpl.types(data) != tpl.typebytes:  # a fixed-width value that changed type or width
+            return None
+        for j in tpl.fixint:
+            if vals[j][0] > 0x7F:  # no longer a positive fixint: another width
+                return None
+        parts = tpl.parts
+        parts[1::2] = vals
+        if b"".join(parts) != data:  # type: ignore[arg-type]  # a byte outside the values moved
+            return None
+        try:
+            v = tpl.decode(tpl.head + b"".join(vals))
+        except msgspec.MsgspecError:  # a value its field refuses (NaN, out of range, a str, ...)
+            return None
+        sample: Sample = tpl.build(tpl.sample, v)
+        hosts = self._hosts
+        hosts[tpl.host] = hosts.pop(tpl.host)  # least recently seen first, as in _assemble
+        st = self.stats
+        st.templated += 1
+        st.reused += tpl.reused
+        return sample
+
+    def _retemplate(self, data: bytes, env: Any, sample: Sample) -> None:
+        he = self._hosts.get(env.host)
+        if he is None:
+            return
+        self._drop(he)
+        tpl = _template(data, env, sample)
+        key = _host_key(data)
+        if tpl is None or key is None:
+            return
+        other = self._fast.get(key)  # only where the hint is not the host (tests): that host loses it
+        if other is not None:
+            self._drop(self._hosts.get(other.host))
+        tpl.key = key
+        he.tpl = self._fast[key] = tpl
+
+    def _drop(self, he: _HostEntry | None) -> None:
+        """Drop a host's template (kept only while the host is kept)."""
+        if he is not None and he.tpl is not None:
+            if self._fast.get(he.tpl.key) is he.tpl:
+                del self._fast[he.tpl.key]
+            he.tpl = None
 
     def _assemble(self, env: Any, packed: bool, encode: Any) -> Sample:
         host = env.host
         hosts = self._hosts
         he = hosts.pop(host, None)  # re-inserted last: dict order is least recently seen first
         if he is None or he.packed != packed:  # same bytes never mean one value in both formats,
-            he = _HostEntry([], packed)        # but a host switching formats starts afresh anyway
-            if len(hosts) >= self.max_hosts:
-                del hosts[next(iter(hosts))]
+            he = _HostEntry([], packed, tpl=he.tpl if he else None)  # but a host switching formats
+            if len(hosts) >= self.max_hosts:                       # starts afresh anyway
+                self._drop(hosts.pop(next(iter(hosts))))
         try:
             envg = env.gpus
             keys = list(map(_gpu_key, envg))
             raws = _sample_raw(env)
             keys.append(raws)
-            sig = encode(keys)
-            if sig == he.sig:  # the usual case (99.5 %): only the gauges, ts, seq, ... moved
+            sig = encode(keys) if not packed or not self.templates else b""  # msgpack: the template
+            if sig and sig == he.sig:  # the usual case (99.5 %): only the gauges, ts, seq, ... moved
                 he.outs = gpus = list(map(_gpu_with_gauges, he.outs, envg))
                 self.stats.reused += len(envg) * len(GPU_RAW) + len(raws)
             else:
@@ -325,10 +594,11 @@ class IncrementalDecoder:
 
     def forget(self, host: str) -> None:
         """Drop a host's cached sub-objects (its partition moved to another worker)."""
-        self._hosts.pop(host, None)
+        self._drop(self._hosts.pop(host, None))
 
     def clear(self) -> None:
         self._hosts.clear()
+        self._fast.clear()
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -338,6 +608,10 @@ class IncrementalDecoder:
         differ (something downstream mutated a shared object). Empty when the cache is sound."""
         bad = []
         for host, he in self._hosts.items():
+            tpl = he.tpl
+            if tpl is not None and (self._fast.get(tpl.key) is not tpl or tpl.sample != decode_sample(
+                    _template_bytes(tpl)) or tpl.build(tpl.sample, tpl.decode(tpl.given)) != tpl.sample):
+                bad.append(f"{host}: template")
             if he.sig and (len(he.outs) != len(he.gpus) or any(  # the bases of the next gauges
                     e is None or _gpu_with_gauges(o, e.out) != e.out for o, e in zip(he.outs, he.gpus, strict=False))):
                 bad.append(f"{host}: gpus")

@@ -364,3 +364,151 @@ def test_byte_level_corruption_fails_exactly_as_decode_sample(data):
     for r in lines[i - 64: i]:
         dec.decode(r)
     same(outcome(dec.decode, bytes(raw)), outcome(decode_sample, bytes(raw)))
+
+
+# ---------------------------------------------------------------------------- msgpack byte templates
+
+_MOVING_KEYS = [msgspec.msgpack.encode(k) for k in ("ts", "seq", "temperature_c", "power_w", "utilization_pct")]
+
+
+_PACKED: list[bytes] = []
+
+
+def _packed_host() -> list[bytes]:
+    """One host's consecutive samples of the smoke recording, as msgpack."""
+    if not _PACKED:
+        samples = [decode_sample(raw) for raw in _smoke(1500)]
+        _PACKED.extend(encode_packed(s) for s in samples if s.host == samples[0].host)
+    return _PACKED
+
+
+def _near_values(data: bytes) -> tuple[list[int], list[int]]:
+    """Positions at and around the values that move (their keys, type bytes, payloads, next key),
+    and those of the payloads alone."""
+    out, payloads = [], []
+    for k in _MOVING_KEYS:
+        at = data.find(k)
+        while at >= 0:
+            out += range(max(0, at - 1), min(len(data), at + len(k) + 11))
+            payloads += range(at + len(k) + 1, min(len(data), at + len(k) + 9))
+            at = data.find(k, at + 1)
+    return sorted(set(out)), payloads
+
+
+def test_msgpack_samples_are_built_from_the_host_template():
+    lines = _smoke(1500)
+    dec, plain = IncrementalDecoder(), IncrementalDecoder(templates=False)
+    for raw in lines:
+        want = decode_sample(raw)
+        data = encode_packed(want)
+        for got in (dec.decode(data), plain.decode(data)):
+            assert got == want and encode_packed(got) == data and type(got) is type(want)
+    assert dec.stats.fallbacks == 0 and plain.stats.templated == 0
+    assert dec.stats.templated > 0.9 * (len(lines) - len(dec))  # all but each host's first and a few
+    assert dec.check_cache() == [] and plain.check_cache() == []
+
+
+def test_the_template_is_chosen_by_a_hint_that_cannot_change_a_result(monkeypatch):
+    # every host files its template under one key: another host's template never matches
+    from detectors.engine import fastdecode
+    monkeypatch.setattr(fastdecode, "_host_key", lambda data: b"one")
+    dec = IncrementalDecoder()
+    samples = sorted((decode_sample(raw) for raw in _smoke(400)), key=lambda s: s.host)  # each host's in order
+    for i, want in enumerate(samples):
+        assert dec.decode(encode_packed(want)) == want
+        assert i % 50 or dec.check_cache() == []
+    assert dec.check_cache() == []
+    assert len(samples) - len(dec) > dec.stats.templated > 0.8 * (len(samples) - len(dec))
+
+
+def test_values_the_schema_refuses_cost_the_field_as_in_the_strict_decoder():
+    mine = _packed_host()
+    dec = IncrementalDecoder()
+    dec.decode(mine[0])
+    s = decode_sample(mine[1])
+    gpus = list(s.gpus)
+    gpus[2] = msgspec.structs.replace(gpus[2], power_w=float("nan"), temperature_c=-0.0)
+    for bad in (msgspec.structs.replace(s, gpus=gpus), msgspec.structs.replace(s, ts=-1.0)):
+        data = encode_packed(bad)
+        assert len(data) == len(mine[1])  # a float is 9 bytes whatever its value: the template is tried
+        same(outcome(dec.decode, data), outcome(decode_sample, data))
+    ok = msgspec.structs.replace(s, gpus=[msgspec.structs.replace(g, utilization_pct=-0.0) for g in s.gpus])
+    got = dec.decode(encode_packed(ok))
+    assert encode_packed(got) == encode_packed(ok)  # -0.0 kept, not 0.0
+    assert dec.stats.templated == 1 and dec.check_cache() == []
+
+
+def test_an_integer_changing_width_takes_the_envelope_path():
+    mine = _packed_host()
+    s = decode_sample(mine[0])
+    dec = IncrementalDecoder()
+    seqs = [127, 128, 129, 255, 256, 257, 65535, 65536, 65537, 2**32, 2**32 + 1]
+    for seq in seqs:
+        data = encode_packed(msgspec.structs.replace(s, seq=seq))
+        assert dec.decode(data) == decode_sample(data)
+    assert dec.stats.templated == 6  # 129, 255, 257, 65535, 65537, 2**32 + 1: as wide as the one before
+    assert dec.check_cache() == []
+
+
+FUZZ_BYTES = b"\x00\x01\x7f\x80\x90\xa0\xa3\xc0\xc1\xc2\xca\xcb\xcc\xcd\xce\xcf\xd0\xd3\xd9\xdc\xe0\xf8\xff"
+
+
+@FUZZ
+@given(data=st.data())
+def test_msgpack_byte_changes_at_the_values_decode_or_fail_exactly_as_decode_sample(data):
+    mine = _packed_host()
+    i = data.draw(st.integers(min_value=1, max_value=len(mine) - 1))
+    raw = bytearray(mine[i])
+    near, payloads = _near_values(mine[i])
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        at = data.draw(st.sampled_from(near) if data.draw(st.integers(0, 3)) else
+                       st.integers(min_value=0, max_value=len(raw) - 1))
+        how = data.draw(st.sampled_from(["byte", "any", "nan", "width", "shift", "payload"]))
+        if how == "payload":  # a value's own bytes: a new value of the same type (or a NaN, an inf)
+            raw[data.draw(st.sampled_from(payloads))] = data.draw(st.integers(min_value=0, max_value=255))
+        elif how == "shift":  # one byte out here, one in there: the same length, the values moved
+            del raw[at]
+            raw.insert(data.draw(st.sampled_from(near)), data.draw(st.sampled_from(FUZZ_BYTES)))
+        elif how == "byte":
+            raw[at] = data.draw(st.sampled_from(FUZZ_BYTES))
+        elif how == "any":
+            raw[at] = data.draw(st.integers(min_value=0, max_value=255))
+        elif how == "nan":  # a float's payload: NaN, inf, -0.0, huge
+            raw[at:at + 9] = b"\xcb" + data.draw(st.sampled_from(
+                [b"\x7f\xf8" + bytes(6), b"\x7f\xf0" + bytes(6), b"\x80" + bytes(7), b"\x7f\xef" + b"\xff" * 6]))
+        else:  # same length, other type: uint64, int64, two fixints, a fixstr
+            raw[at:at + 9] = data.draw(st.sampled_from([b"\xcf" + bytes(8), b"\xd3" + b"\xff" * 8,
+                                                        b"\x05\xc0" + bytes(7), b"\xa8" + b"abcdefgh"]))
+    del raw[len(mine[i]):]
+    bad = bytes(raw)
+    dec, plain = IncrementalDecoder(), IncrementalDecoder(templates=False)
+    for d in (dec, plain):
+        d.decode(mine[i - 1])
+    want = outcome(decode_sample, bad)
+    same(outcome(dec.decode, bad), want)
+    same(outcome(plain.decode, bad), want)
+    same(outcome(dec.decode, mine[i]), outcome(decode_sample, mine[i]))
+    assert dec.check_cache() == []
+
+
+def test_check_cache_sees_a_mutated_template_sample():
+    mine = _packed_host()
+    dec = IncrementalDecoder()
+    s = dec.decode(mine[0])  # the template's sample
+    assert dec.decode(mine[1]) == decode_sample(mine[1]) and dec.stats.templated == 1
+    assert dec.check_cache() == []
+    s.gpus[0].pcie.replay_counter = 999
+    assert f"{s.host}: template" in dec.check_cache()
+
+
+def test_templates_are_bounded_with_the_hosts_and_forgotten_with_them():
+    lines = _smoke(400)
+    dec = IncrementalDecoder(max_hosts=8)
+    for raw in lines:
+        want = decode_sample(raw)
+        assert dec.decode(encode_packed(want)) == want
+        assert len(dec) <= 8 and len(dec._fast) <= 8
+    last = decode_sample(lines[-1])
+    dec.forget(last.host)
+    assert len(dec._fast) == 7 and dec.check_cache() == []
+    assert dec.decode(encode_packed(last)) == last
