@@ -104,6 +104,14 @@ class DetectorEngine:
         self.fleet_ts = 0.0
         self._last_tick = 0.0
         self.baselines_due = float("-inf")  # a live sample at or past this ts refreshes fleet baselines
+        # detectors that hold findings for batched scoring and are flushed at fixed points of fleet time
+        # (MLSuite): their feed() returns nothing, so what they find depends on each host's own order and
+        # those points only, not on the order hosts are fed in between (see advance_epoch)
+        self._held: list[Any] = [d for d in self.extra if getattr(d, "flush_every_s", 0) > 0]
+        self.order_free = len(self._held) == len(self.extra)
+        self._held_s = min((float(d.flush_every_s) for d in self._held), default=0.0)
+        self._held_due = self._replay_due = float("inf") if not self._held else float("-inf")
+        self.epoch_due = float("-inf")  # a live sample at or past this ts starts a new fleet-time epoch
         self.stats: Counter[str] = Counter()
         st = self.rules.staleness
         self.stale_intervals = float(st.params["intervals"]) if st else 0.0
@@ -125,8 +133,12 @@ class DetectorEngine:
 
     def _feed(self, sample: Sample, live: bool) -> list[Incident]:
         out: list[Incident] = []
-        if live and sample.ts >= self.baselines_due:  # fleet percentiles refresh at fixed points of fleet time
-            self.advance_fleet(sample.ts)
+        if live:
+            if sample.ts >= self.epoch_due:  # baselines and held model findings: at fixed points of fleet time
+                out.extend(self.advance_epoch(sample.ts))
+        elif sample.ts >= self._replay_due:  # a rebuild: held windows scored at the replayed stream's epochs
+            self._replay_due = (sample.ts // self._held_s + 1) * self._held_s
+            self._flush_held()
         st = self.hosts.get(sample.host)
         if st is None:
             st = self.hosts[sample.host] = HostState(sample.host, sample.cluster, sample.rack)
@@ -166,16 +178,33 @@ class DetectorEngine:
                 out.extend(self.tick(ts))
         return out
 
-    def advance_fleet(self, ts: float) -> float:
-        """A live sample at ``ts`` comes next: refresh the fleet baselines (``fleet_outlier``'s
-        percentiles, :class:`detectors.engine.state.FleetBaseline`) if it starts a new epoch of fleet
-        time; returns :attr:`baselines_due`, the ts from which the next refresh is due. ``feed`` calls
-        it itself; a caller that feeds a batch grouped by host calls it where the batch's record order
-        reaches ``baselines_due`` (before that record's segment), so a refresh sees the same rates
-        either way (detectors/worker/worker.py)."""
+    def advance_epoch(self, ts: float) -> list[Incident]:
+        """A live sample at ``ts`` comes next: if it starts a new epoch of fleet time, refresh the fleet
+        baselines (``fleet_outlier``'s percentiles, :class:`detectors.engine.state.FleetBaseline`,
+        ``ts // refresh_s``) and score the windows the held detectors buffered (``ts //
+        flush_every_s``), whose findings are returned as incidents. :attr:`epoch_due` is the ts from
+        which the next epoch is due. ``feed`` calls it itself; a caller that feeds a batch grouped by
+        host calls it where the batch's record order reaches ``epoch_due`` (before that record's
+        segment), so a refresh sees the same rates and a scoring batch holds the same windows either
+        way (detectors/worker/worker.py)."""
+        out: list[Incident] = []
+        if ts >= self._held_due:
+            self._held_due = (ts // self._held_s + 1) * self._held_s
+            out = self._flush_held()
         if ts >= self.baselines_due:
             self.baselines_due = self.rules.advance_baselines(ts)
-        return self.baselines_due
+        self.epoch_due = min(self.baselines_due, self._held_due)
+        return out
+
+    def _flush_held(self) -> list[Incident]:
+        held: list[Finding] = []
+        for d in self._held:
+            try:
+                held.extend(d.flush())
+            except Exception:  # a broken model must not stop the rules
+                self.stats["detector_errors"] += 1
+                log.exception("detector %s failed scoring its held windows", getattr(d, "name", d))
+        return self._combine(held) if held else []
 
     def flush(self, silent: bool = False) -> list[Incident]:
         """Findings detectors held back (batched model scoring) as incidents: call after each poll
@@ -188,7 +217,7 @@ class DetectorEngine:
     def detect(self, sample: Sample) -> list[Finding]:
         """Raw findings for one sample (state advances; no episodes): for tests and diagnose-like use."""
         if sample.ts >= self.baselines_due:
-            self.advance_fleet(sample.ts)
+            self.baselines_due = self.rules.advance_baselines(sample.ts)
         st = self.hosts.setdefault(sample.host, HostState(sample.host, sample.cluster, sample.rack))
         if Admission.admit(st, sample.seq, sample.ts, sample.boot_id, sample.driver_version):
             return []
@@ -287,7 +316,8 @@ class DetectorEngine:
         self.hosts.clear()
         self.episodes = IncidentEpisodes(self.episodes.update_every_s)
         self.fleet_ts = self._last_tick = 0.0
-        self.baselines_due = float("-inf")
+        self.baselines_due = self.epoch_due = float("-inf")
+        self._held_due = self._replay_due = float("inf") if not self._held else float("-inf")
         self.stats.clear()
         self.rules.reset()
         for d in self.extra:

@@ -60,8 +60,16 @@ def load_ml_detectors(model_dir: Path | None = None, strict: bool = False) -> li
 
 class MLSuite:
     """The ML detectors as one detector for the engine: each sample goes through the shared feature
-    stream once, and every member buffers the window it closes (their batches fall due together:
-    same windows, same sample times). Findings keep their member's name (``model:<name>@<v>``)."""
+    stream once, and every member buffers the window it closes. Findings keep their member's name
+    (``model:<name>@<v>``).
+
+    Fed through the engine, the suite only buffers: ``feed`` returns nothing, and the engine scores
+    the buffer (:meth:`flush`) when fleet time enters a new ``flush_every_s`` epoch
+    (:meth:`DetectorEngine.advance_epoch`) and at the end of each poll batch. A scoring batch is
+    then the windows closed between two such points whatever order the hosts were fed in between
+    (the detect worker feeds a batch grouped by host), and :meth:`WindowBatcher.flush` scores it
+    in a canonical order, so the findings and their order depend on each host's own samples and
+    those points only."""
 
     def __init__(self, members: list[WindowBatcher]) -> None:
         self.members = members
@@ -69,14 +77,17 @@ class MLSuite:
         self.stream.consumers = 1  # fed once per sample, here
         self.name = ",".join(str(getattr(m, "name", m)) for m in members)
 
+    @property
+    def flush_every_s(self) -> float:
+        """The fleet-time period the engine scores the held windows at: the members' ``batch_s``."""
+        return min(m.batch_s for m in self.members)
+
     def feed(self, sample: Sample) -> list[Finding]:
         w = self.stream.feed(sample)
-        out: list[Finding] = []
-        for m in self.members:
-            got = m.take(w, sample.ts)
-            if got:
-                out.extend(got)
-        return out
+        if w is not None:
+            for m in self.members:
+                m.pending.append(w)
+        return []
 
     def flush(self) -> list[Finding]:
         return [f for m in self.members for f in m.flush()]

@@ -5,7 +5,9 @@ A detector built on :class:`WindowBatcher` defines ``score_batch(windows) -> fin
 each window its feature stream closes and scores the buffer when ``batch_windows`` wait, when
 sample time has moved ``batch_s`` past the oldest, or on :meth:`WindowBatcher.flush` (the engine
 calls it at the end of each poll batch). sklearn and numpy cost per call, not per row, which is
-why the batches are across hosts (docs/detectors.md, "ML").
+why the batches are across hosts (docs/detectors.md, "ML"). Through the engine the detectors are
+fed as one :class:`detectors.ml.MLSuite`, which only buffers: the engine flushes it at fixed
+points of fleet time instead (:meth:`detectors.engine.engine.DetectorEngine.advance_epoch`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from collections.abc import Hashable, Iterable
 from detectors.engine.finding import Finding
 from detectors.ml.features import FeatureStream, WindowFeatures
 from fleethealth.schema import Sample
+
+
+def _window_key(w: WindowFeatures) -> tuple[float, str]:
+    return w.ts, w.host
 
 
 class WindowBatcher:
@@ -46,9 +52,14 @@ class WindowBatcher:
         return []
 
     def flush(self) -> list[Finding]:
-        """Score the buffered windows; findings in window order."""
+        """Score the buffered windows, taken in (window end, host) order: the arrival order of
+        different hosts' windows changes nothing (a host's own windows keep their order, their
+        ends rise); findings in that order."""
         batch, self.pending = self.pending, []
-        return self.score_batch(batch) if batch else []
+        if not batch:
+            return []
+        batch.sort(key=_window_key)
+        return self.score_batch(batch)
 
     def score_window(self, w: WindowFeatures) -> list[Finding]:
         """One window, scored now (training's evaluation feeds windows in order this way)."""

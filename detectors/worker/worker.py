@@ -27,8 +27,11 @@ hosts are behind, not silent). Partitions that are caught up count as current.
 
 Grouping: with the rules alone, each batch is fed grouped by host (each host's own order kept; a
 host's cold per-host memory is then touched once per run of samples, not once per sample), with the
-same output as record order: see :meth:`DetectWorker._feed_batch`. Model detectors batch windows
-across hosts in arrival order, so an engine with them is fed in record order.
+same output as record order: see :meth:`DetectWorker._feed_batch`. The model detectors (one
+:class:`detectors.ml.MLSuite`) hold their windows and are scored at the same fleet-time points and at
+the end of each batch, so an engine with them is fed grouped too; an engine with a detector that
+returns findings of other hosts' windows from ``feed`` (not ``engine.order_free``) is fed in record
+order.
 """
 
 from __future__ import annotations
@@ -187,9 +190,9 @@ class DetectWorker:
         self._last_ts = 0.0  # largest sample ts fed live
         self._last_mono = 0.0  # monotonic time a batch last brought samples
         self._last_tick = 0.0
-        # feeding each batch grouped by host gives the same output as record order for the rules (see
-        # _feed_batch); model detectors batch windows across hosts in arrival order, so not with them
-        self.group_hosts = not self.engine.extra if group_hosts is None else group_hosts
+        # feeding each batch grouped by host gives the same output as record order (see _feed_batch) for
+        # the rules and for detectors the engine flushes at fleet-time epochs (engine.order_free)
+        self.group_hosts = self.engine.order_free if group_hosts is None else group_hosts
         self._tagged: list[tuple[int, Outgoing]] | None = None  # a grouped batch's messages, by record index
         self._at = -1  # the record a grouped batch is on
         self._batch: dict[str, bool] | None = None  # hosts admitted in this grouped batch -> new to the engine
@@ -232,15 +235,18 @@ class DetectWorker:
         return len(records)
 
     def _feed_in_order(self, records: list[Record], now: float) -> int:
-        """Admit and feed each record in turn (engines with model detectors: their window batches
-        and rack views follow the cross-host order)."""
+        """Admit and feed each record in turn (engines with a detector whose findings follow the
+        cross-host order: not ``engine.order_free``)."""
         fed = 0
+        engine = self.engine
         for rec in records:
             self._next[(rec.topic, rec.partition)] = rec.offset + 1
             sample = self._admit(rec, now)
             if sample is None:
                 continue
             self._seen(sample, (rec.topic, rec.partition))
+            if sample.ts >= engine.epoch_due:  # here, not in feed: a sample that breaks a rule keeps them
+                self._queue(engine.advance_epoch(sample.ts))
             try:
                 self._queue(self.engine.feed(sample))
             except Exception as exc:  # a sample that breaks a rule must not stop the fleet's detection
@@ -261,9 +267,11 @@ class DetectWorker:
         decoder's cache is per host); (2) admission under ``max_hosts`` (and eviction), field
         rejection, the clock-skew hold, the partitions' positions and high-water marks run in record
         order; (3) samples are fed grouped within segments cut where the record order reaches the
-        engine's next fleet-baseline refresh (:meth:`DetectorEngine.advance_fleet`), so each
-        refresh sees the same rates; staleness ticks once per batch, after it, as before; (4) the
-        batch's incidents and dead letters are put back in record order before they are queued."""
+        engine's next fleet-time epoch (:meth:`DetectorEngine.advance_epoch`), so each fleet-baseline
+        refresh sees the same rates and each scoring of the held model windows the same windows (its
+        incidents go where that record's would); staleness ticks once per batch, after it, as before;
+        (4) the batch's incidents and dead letters are put back in record order before they are
+        queued."""
         tagged: list[tuple[int, Outgoing]] = []
         self._tagged = tagged
         try:
@@ -301,16 +309,20 @@ class DetectWorker:
         self._at = -1
         self._batch = None
         engine = self.engine
-        due = engine.baselines_due
+        due = engine.epoch_due
         fed = 0
         seg: dict[str, list[tuple[int, Sample]]] = {}
+        topic = self.incidents_topic
         for item in admitted:
             ts = item[1].ts
-            if ts >= due:  # record order reaches a fleet-baseline refresh: feed what came before it first
+            if ts >= due:  # record order reaches a fleet-time epoch: feed what came before it first
                 if seg:
                     fed += self._feed_segment(seg, records, now, tagged)
                     seg = {}
-                due = engine.advance_fleet(ts)
+                i = item[0]
+                for inc in engine.advance_epoch(ts):
+                    tagged.append((i, Outgoing(topic, inc.host, encode(inc), incident=inc)))
+                due = engine.epoch_due
             g2 = seg.get(item[1].host)
             if g2 is None:
                 seg[item[1].host] = [item]
