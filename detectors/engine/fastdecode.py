@@ -254,6 +254,8 @@ def _host_key(data: bytes) -> bytes | None:
 
 
 _shapes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_getters: dict[tuple[int, ...], tuple[Any, Any]] = {}  # the values' places -> their itemgetters (shared)
+_MAX_GETTERS = 4096
 
 
 def _shape(names: tuple[tuple[int, str], ...], ngpus: int) -> tuple[Any, Any]:
@@ -360,9 +362,15 @@ def _template(data: bytes, env: Any, sample: Sample) -> _Template | None:
     if len(typepos) < 2:
         return None
     dec, build = _shape(tuple((g, n) for _, _, g, n in spans), len(env.gpus))
-    values = itemgetter(*(slice(a, b) for a, b, _, _ in spans))
+    where = (*(x for a, b, _, _ in spans for x in (a, b)), -1, *fixint)  # what the two getters are made of
+    getters = _getters.get(where)  # hosts of one make and model have the values at the same places
+    if getters is None:
+        getters = itemgetter(*(slice(a, b) for a, b, _, _ in spans)), itemgetter(*typepos)
+        if len(_getters) < _MAX_GETTERS:
+            _getters[where] = getters
+    values, types = getters
     head = _array_head(len(spans))
-    return _Template(env.host, len(data), parts, values, itemgetter(*typepos), tuple(typebytes), tuple(fixint),
+    return _Template(env.host, len(data), parts, values, types, tuple(typebytes), tuple(fixint),
                      head, dec.decode, build, sample, len(env.gpus) * len(GPU_RAW) + len(SAMPLE_RAW),
                      head + b"".join(values(data)))
 
