@@ -243,7 +243,7 @@ def _array_head(n: int) -> bytes:
 def _host_key(data: bytes) -> bytes | None:
     """The host value's bytes (a hint for the candidate base; the byte compare decides)."""
     at = 1 if data[0] != 0xDE else 3
-    if data[at:at + 5] != b"\xa4host":
+    if data[at:at + 5] != b"\xa4host" or len(data) < at + 7:
         return None
     t = data[at + 5]
     if 0xA0 <= t <= 0xBF:

@@ -512,3 +512,13 @@ def test_templates_are_bounded_with_the_hosts_and_forgotten_with_them():
     dec.forget(last.host)
     assert len(dec._fast) == 7 and dec.check_cache() == []
     assert dec.decode(encode_packed(last)) == last
+
+
+def test_truncated_msgpack_gives_the_same_error_with_templates_kept():
+    mine = _packed_host()
+    dec = IncrementalDecoder()
+    dec.decode(mine[0])
+    cuts = [*range(1, 12), len(mine[1]) // 2, len(mine[1]) - 1]
+    for data in [mine[1][:n] for n in cuts] + [b"\x81\xa4host", b"\x81\xa4host\xd9", b"\xde\x00\x01\xa4host"]:
+        same(outcome(dec.decode, data), outcome(decode_sample, data))
+    assert dec.decode(mine[1]) == decode_sample(mine[1]) and dec.stats.templated == 1
