@@ -343,7 +343,7 @@ def _template(data: bytes, env: Any, sample: Sample) -> _Template | None:
                 for _ in range(k):
                     gname, pos = key(pos)
                     pos = value(g, gname, pos, GPU_RAW, FAST_GPU, i)
-    except (_Fallback, IndexError, UnicodeDecodeError, AttributeError):
+    except (_Fallback, IndexError, UnicodeDecodeError, AttributeError, TypeError, ValueError):  # no template
         return None
     if pos != len(data) or len(spans) < 2:
         return None
