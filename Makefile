@@ -12,6 +12,10 @@ TEST_ENV := FLEETHEALTH_REQUIRE_SERVICES=1 \
 	FLEETHEALTH_PROMETHEUS=http://127.0.0.1:9090 \
 	SLURM_CONF=$(SLURM_CONF_FILE)
 PYTEST_ARGS ?=
+# Two pytest-xdist workers (the CI machine has 2 cores, and most tests wait on Kafka, Prometheus,
+# Slurm or a child process), a test file to one worker (its module fixtures are built once); the Slurm
+# tests take turns through a lock (tests/conftest.py). PYTEST_XDIST= runs the suite serially.
+PYTEST_XDIST ?= -n 2 --dist loadfile
 
 .PHONY: help venv deps services-up services-down services-status lint test bench demo
 
@@ -21,7 +25,7 @@ help:
 	@echo "make services-up     start Kafka, Prometheus, Slurm (scripts/services.sh up)"
 	@echo "make services-down   stop them"
 	@echo "make lint            ruff + mypy"
-	@echo "make test            venv, deps, services up, lint, pytest, services down (PYTEST_ARGS=...)"
+	@echo "make test            venv, deps, services up, lint, pytest -n 2, services down (PYTEST_ARGS=..., PYTEST_XDIST= serial)"
 	@echo "make bench           benchmark table"
 	@echo "make demo            the replay demo on the embedded bus"
 
@@ -54,17 +58,21 @@ lint: venv
 	exit $$rc
 
 # Starts the services this run needs, runs lint and the whole suite, and stops only the services it
-# started itself (even when a step fails). The exit code is pytest's; if pytest passed, lint's.
+# started itself (even when a step fails). Lint runs beside the services' start and the suite (it needs
+# neither; mypy is a minute of one core) and its output comes after pytest's. The exit code is
+# pytest's; if pytest passed, lint's.
 test: venv deps
-	@started="$$(mktemp)"; \
+	@started="$$(mktemp)"; lintlog="$$(mktemp)"; lintpid=""; \
 	cleanup() { \
+		if [ -n "$$lintpid" ]; then wait "$$lintpid" 2>/dev/null || true; fi; \
 		if [ -s "$$started" ]; then $(SERVICES) down $$(sort -u "$$started" | tr '\n' ' ') || true; fi; \
-		rm -f "$$started"; \
+		rm -f "$$started" "$$lintlog"; \
 	}; \
 	trap cleanup EXIT; trap 'exit 130' INT TERM; \
+	$(MAKE) --no-print-directory lint >"$$lintlog" 2>&1 & lintpid=$$!; \
 	$(SERVICES) up all --started-file "$$started" || exit $$?; \
-	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; \
-	rc=0; $(TEST_ENV) $(VENV)/bin/pytest -q $(PYTEST_ARGS) || rc=$$?; \
+	rc=0; $(TEST_ENV) $(VENV)/bin/pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS) || rc=$$?; \
+	lint=0; wait "$$lintpid" || lint=$$?; lintpid=""; cat "$$lintlog"; \
 	if [ $$rc -eq 0 ] && [ $$lint -ne 0 ]; then echo "make test: tests passed but lint failed"; rc=$$lint; fi; \
 	exit $$rc
 

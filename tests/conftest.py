@@ -1,8 +1,12 @@
 """Shared pytest setup. Service fixtures (kafka_bootstrap, prometheus_url, slurm_conf, ...) live in
 tests/services.py so that this file stays small; add other shared fixtures below."""
 
+import fcntl as _fcntl
 import os as _os
 import re as _re
+import tempfile as _tempfile
+from collections.abc import Iterator as _Iterator
+from pathlib import Path as _Path
 
 import pytest as _pytest
 
@@ -27,3 +31,25 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     if _MISSING_ARTEFACT.search(reason):
         rep.outcome = "failed"
         rep.longrepr = f"CI=true: a required artefact is missing, not skipped: {reason}"
+
+
+# pytest-xdist: `make test` runs `-n 2 --dist loadfile`, so the tests of one file stay on one worker
+# (a module fixture is built once; tests/dashboards/test_queries_against_prometheus.py serves on the
+# fixed ports 9403/9404 from one). xdist_group marks cannot be used: pytest-xdist 3.8 adds the group
+# to `item._nodeid`, which pytest 9 no longer reads, so --dist loadgroup silently ignores them.
+# The Slurm tests are spread over several files and share one cluster: they drain and resume its
+# nodes, wait for a cluster with no unavailable node (the drain cap counts every node), run jobs on
+# the one real slurmd and skip when it is busy. So each takes a lock for its whole run, fixtures
+# included (an autouse fixture is set up before the others of its scope and torn down after them):
+# one at a time across workers, and across test runs of other checkouts on this machine.
+_SLURM_LOCK = _Path(_tempfile.gettempdir()) / "fleethealth-tests-slurm.lock"
+
+
+@_pytest.fixture(autouse=True)
+def _slurm_one_test_at_a_time(request: _pytest.FixtureRequest) -> _Iterator[None]:
+    if request.node.get_closest_marker("slurm") is None and "slurm_conf" not in request.fixturenames:
+        yield
+        return
+    with _SLURM_LOCK.open("a") as fh:
+        _fcntl.flock(fh, _fcntl.LOCK_EX)  # released when the file is closed
+        yield

@@ -34,8 +34,9 @@ def _scraped_ports() -> set[int]:
             for t in sc["targets"]}
 
 
-def _query(url: str, expr: str) -> dict[str, Any]:
-    q = urllib.parse.urlencode({"query": expr})
+def _query(url: str, expr: str, at: float | None = None) -> dict[str, Any]:
+    """An instant query, at wall time ``at`` (default: now)."""
+    q = urllib.parse.urlencode({"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {}))
     try:
         with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as resp:
             return json.load(resp)
@@ -83,16 +84,41 @@ def served(prometheus_url: str):
         _wait(lambda: up("fleethealth-collector") and up("fleethealth-services"), "Prometheus to scrape 9404 and 9403")
         assert finished.wait(120), "the run did not finish"
         assert "error" not in box, box.get("error")
-        time.sleep(3.5)  # a few scrapes of the final state, so rate()/increase() have two points
-        yield prometheus_url, box["result"]
+        done_at = time.time()
+
+        def final_snapshot() -> float | None:
+            # A moment at which both targets' latest scrape succeeded and began 2.5 s (a few 1 s scrapes)
+            # after the run finished, so rate()/increase() have two points of the final state. The tests
+            # query at that moment, not "now": on a loaded machine a scrape can pass its 1 s timeout,
+            # and a failed scrape marks every series stale until the next one. The moment is 1.5 s in
+            # the past, so every scrape begun by then has ended (scrape_timeout 1 s).
+            at = time.time() - 1.5
+            for job in ("fleethealth-collector", "fleethealth-services"):
+                r = _query(prometheus_url, f'timestamp(up{{job="{job}", instance=~".*:({COLLECTOR_PORT}|{SERVICES_PORT})"}}'
+                                           ' == 1)', at)
+                ts = [float(x["value"][1]) for x in r.get("data", {}).get("result", [])]
+                if not ts or min(ts) < done_at + 2.5:
+                    return None
+            return at
+
+        snap: list[float] = []
+
+        def found() -> bool:
+            at = final_snapshot()
+            if at is not None:
+                snap.append(at)
+            return bool(snap)
+
+        _wait(found, "a successful scrape of the final state")
+        yield prometheus_url, box["result"], snap[0]
     finally:
         stop.set()
         t.join(30)
         assert not t.is_alive(), "the run did not release its ports"
 
 
-def _host_with_xids(url: str) -> str:
-    r = _query(url, "sort_desc(sum by (host) (fleethealth_gpu_xid_events_total))")
+def _host_with_xids(url: str, at: float) -> str:
+    r = _query(url, "sort_desc(sum by (host) (fleethealth_gpu_xid_events_total))", at)
     hosts = [s["metric"]["host"] for s in r["data"]["result"]]
     assert hosts, "no Xid events exported: the simulated fleet should have some at this fault rate"
     return hosts[0]
@@ -105,13 +131,13 @@ def _fill(expr: str, host: str) -> str:
 
 
 def test_every_dashboard_query_parses_and_returns_data(served) -> None:
-    url, _ = served
-    host = _host_with_xids(url)
+    url, _, at = served
+    host = _host_with_xids(url, at)
     problems, n = [], 0
     for dash, items in all_queries().items():
         for where, expr in items:
             n += 1
-            r = _query(url, _fill(expr, host))
+            r = _query(url, _fill(expr, host), at)
             if r.get("status") != "success":
                 problems.append(f"{dash} {where}: {r.get('errorType')}: {r.get('error')}  [{expr}]")
             elif not r["data"]["result"]:
@@ -121,17 +147,17 @@ def test_every_dashboard_query_parses_and_returns_data(served) -> None:
 
 
 def test_fleet_overview_shows_the_injected_faults(served) -> None:
-    url, res = served
+    url, res, at = served
     assert isinstance(res, RunResult)
     detected = {i.failure_mode for i in res.incidents}
     assert detected, "the simulated faults produced no incidents"
-    r = _query(url, 'sum by (failure_mode) (fleethealth_fleet_incident_messages_total{state="open"})')
+    r = _query(url, 'sum by (failure_mode) (fleethealth_fleet_incident_messages_total{state="open"})', at)
     shown = {s["metric"]["failure_mode"]: float(s["value"][1]) for s in r["data"]["result"]}
     for mode in detected:
         assert shown.get(mode, 0) > 0, f"{mode} detected but not on the fleet overview: {shown}"
     opened = {i.failure_mode for i in res.incidents if i.state == "open"}
     assert set(shown) == opened
-    states = _query(url, "sum by (state) (fleethealth_fleet_hosts)")["data"]["result"]
+    states = _query(url, "sum by (state) (fleethealth_fleet_hosts)", at)["data"]["result"]
     per_state = {s["metric"]["state"]: float(s["value"][1]) for s in states}
     assert sum(per_state.values()) == 12
     assert per_state["healthy"] < 12, "faulty hosts should not all show healthy"
