@@ -291,18 +291,31 @@ class DetectWorker:
                 by_key[k] = [i]
             else:
                 g.append(i)
+        # decoded grouped by key (the host; keyless records in order) where the key names a host that
+        # holds state (its decoder cache is then warm over its run); a key new to this worker is decoded
+        # at its turn below, so a sample its admission refuses is dropped at once: a flood of new host
+        # names never holds a batch of full decodes in memory (the key only chooses when, never what:
+        # each record's decode is its own)
+        known = self.engine.hosts
         decoded: list[Sample | None] = [None] * len(records)
-        for idx in by_key.values():  # decoded grouped by key (the host; keyless records in order)
+        early = [False] * len(records)
+        for k, idx in by_key.items():
+            if k is not None and k not in known:
+                continue
             for i in idx:
                 self._at = i
+                early[i] = True
                 decoded[i] = self._decode(records[i], now)
         admitted: list[tuple[int, Sample]] = []
         self._batch, self._batch_new = {}, 0
-        for i, sample in enumerate(decoded):  # cross-host decisions: in record order
+        for i, rec in enumerate(records):  # cross-host decisions: in record order
+            self._at = i
+            if early[i]:
+                sample, decoded[i] = decoded[i], None
+            else:
+                sample = self._decode(rec, now)
             if sample is None:
                 continue
-            self._at = i
-            rec = records[i]
             if self._admit_decoded(rec, sample, now):
                 self._seen(sample, (rec.topic, rec.partition))
                 admitted.append((i, sample))
