@@ -138,7 +138,7 @@ class DetectorEngine:
                 out.extend(self.advance_epoch(sample.ts))
         elif sample.ts >= self._replay_due:  # a rebuild: held windows scored at the replayed stream's epochs
             self._replay_due = (sample.ts // self._held_s + 1) * self._held_s
-            self._flush_held()
+            self._flush(self._held)
         st = self.hosts.get(sample.host)
         if st is None:
             st = self.hosts[sample.host] = HostState(sample.host, sample.cluster, sample.rack)
@@ -190,18 +190,20 @@ class DetectorEngine:
         out: list[Incident] = []
         if ts >= self._held_due:
             self._held_due = (ts // self._held_s + 1) * self._held_s
-            out = self._flush_held()
+            out = self._flush(self._held)
         if ts >= self.baselines_due:
             self.baselines_due = self.rules.advance_baselines(ts)
         self.epoch_due = min(self.baselines_due, self._held_due)
         return out
 
-    def _flush_held(self) -> list[Incident]:
+    def _flush(self, detectors: list[Any]) -> list[Incident]:
+        """The findings ``detectors`` held back, as incidents; one that fails is counted and logged,
+        and the others' findings still come (a broken model must not stop the rules or other models)."""
         held: list[Finding] = []
-        for d in self._held:
+        for d in detectors:
             try:
                 held.extend(d.flush())
-            except Exception:  # a broken model must not stop the rules
+            except Exception:
                 self.stats["detector_errors"] += 1
                 log.exception("detector %s failed scoring its held windows", getattr(d, "name", d))
         return self._combine(held) if held else []
@@ -210,8 +212,7 @@ class DetectorEngine:
         """Findings detectors held back (batched model scoring) as incidents: call after each poll
         batch. ``silent``: after a rebuild (:meth:`replay`), the held findings are of replayed
         samples: they advance the episodes as live ones would, and nothing is returned."""
-        held = [f for d in self.extra if hasattr(d, "flush") for f in d.flush()]
-        out = self._combine(held) if held else []
+        out = self._flush([d for d in self.extra if hasattr(d, "flush")])
         return [] if silent else out
 
     def detect(self, sample: Sample) -> list[Finding]:
