@@ -21,6 +21,7 @@ GUARD_REFUSALS = "fleethealth_guard_refusals_total"  # counter {guard}
 TICKETS_OPEN = "fleethealth_tickets_open"  # gauge {age_bucket}
 COMMON_CAUSE_OPEN = "fleethealth_remediation_common_cause_open"  # gauge {kind}: remediation/common_cause.py
 COMMON_CAUSE_HELD = "fleethealth_remediation_common_cause_held"  # gauge: incidents held behind one
+REMEDIATION_BUS_ERRORS = "fleethealth_remediation_bus_errors_total"  # counter {op}: poll|publish|flush|commit
 
 # ---- pipeline health
 CONSUMER_LAG = "fleethealth_pipeline_consumer_lag_messages"  # gauge {group, topic}

@@ -22,6 +22,9 @@ class RemediationMetrics:
         self.dead_letters = Counter("fleethealth_remediation_dead_letters",
                                     "Incident messages dead-lettered (malformed, unknown failure mode)", registry=r)
         self.incidents = Counter("fleethealth_remediation_incidents", "Incidents handled", ["state"], registry=r)
+        self.bus_errors = Counter("fleethealth_remediation_bus_errors",
+                                  "Bus calls that failed and were carried over (poll, publish, flush, commit)", ["op"],
+                                  registry=r)
         self.common_cause = Gauge("fleethealth_remediation_common_cause_open",
                                   "Open common-cause incidents by kind of shared part (switch, pdu, rack, ...)",
                                   ["kind"], registry=r)

@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from fleethealth.bus import ACTIONS, DEADLETTER, Bus, Consumer, Record
+from fleethealth.bus import ACTIONS, DEADLETTER, Bus, BusError, Consumer, Record
 from fleethealth.deadletter import dead_letter_for
 from fleethealth.nvml_pause import NvmlPauseError, nvml_paused
 from fleethealth.schema import ActionRecord, Evidence, Incident, decode_incident, encode
@@ -71,6 +71,7 @@ class RunStats:
     incidents: int = 0
     dead_letters: int = 0
     actions: int = 0
+    bus_errors: int = 0  # polls, publishes, flushes and commits the bus failed (the worker carried on)
 
 
 class RemediationWorker:
@@ -116,6 +117,7 @@ class RemediationWorker:
         topo = topology if topology is not None else self._topology()
         self.common_cause = CommonCause(store.conn, topo, self.settings.common_cause) if len(topo) else None
         self.dead_letter_count = 0
+        self.bus_errors = 0
 
     # ------------------------------------------------------------------ recording
 
@@ -136,7 +138,10 @@ class RemediationWorker:
             self.store.audit(rec)
         self.metrics.actions.labels(kind, outcome).inc()
         if self.bus is not None:
-            self.bus.publish(ACTIONS, inc.host, encode(rec))
+            try:
+                self.bus.publish(ACTIONS, inc.host, encode(rec))
+            except BusError as exc:  # the decision is in the audit already; only its announcement failed
+                self.bus_error("publish", exc, f"action {key!r} is in the audit but not on {ACTIONS}")
         log.info("remediation %s %s", kind, outcome, extra={"incident": inc.id, "host": inc.host,
                                                              "target": target, "reason": reason[:300]})
         return rec
@@ -375,7 +380,10 @@ class RemediationWorker:
                                                       "reason": reason[:300]})
         if self.bus is not None:
             dl = dead_letter_for(rec, reason, self.consumer_name, self.clock())
-            self.bus.publish(DEADLETTER, rec.key, encode(dl))
+            try:
+                self.bus.publish(DEADLETTER, rec.key, encode(dl))
+            except BusError as exc:  # the message itself stays on its topic at this offset
+                self.bus_error("publish", exc, f"dead letter of partition {rec.partition} offset {rec.offset} not sent")
 
     def handle_record(self, rec: Record) -> list[ActionRecord]:
         """Decode one bus record and handle it; never raises for a bad message or a handler bug."""
@@ -588,8 +596,15 @@ class RemediationWorker:
         dead_before = self.dead_letter_count
         idle_since = time.monotonic()
         last_tick = 0.0
+        errors_before = self.bus_errors
         while stop is None or not stop.is_set():
-            records = consumer.poll(timeout=poll_timeout)
+            try:
+                records = consumer.poll(timeout=poll_timeout)
+            except BusError as exc:  # the broker is away: nothing was handed over, nothing is owed
+                self.bus_error("poll", exc, "retrying")
+                if stop is not None and stop.wait(min(1.0, max(poll_timeout, 0.05))):
+                    break
+                records = []
             for rec in records:
                 stats.actions += len(self.handle_record(rec))
                 stats.incidents += 1
@@ -597,15 +612,31 @@ class RemediationWorker:
                 stats.actions += len(self.tick())
                 last_tick = time.monotonic()
             if self.bus is not None:
-                self.bus.flush()
+                try:
+                    self.bus.flush()
+                except BusError as exc:
+                    self.bus_error("flush", exc, "the decisions are in the audit; their records on the bus are not")
             if records:
                 self.crash_point("record")
-                consumer.commit()
+                try:
+                    consumer.commit()
+                except BusError as exc:
+                    # redelivered by the next poll or owner: every decision has an idempotency key, so a
+                    # replayed incident repeats nothing (it only updates its ticket's evidence)
+                    self.bus_error("commit", exc, "these incidents may be delivered again")
                 idle_since = time.monotonic()
             elif exit_when_idle_s is not None and time.monotonic() - idle_since >= exit_when_idle_s:
                 break
         stats.dead_letters = self.dead_letter_count - dead_before
+        stats.bus_errors = self.bus_errors - errors_before
         return stats
+
+    def bus_error(self, op: str, exc: BusError, consequence: str) -> None:
+        """A bus call failed (a broker restart, a network cut): counted, logged, and the worker carries
+        on -- a remediation daemon that exits on a broker blip stops draining the whole fleet."""
+        self.bus_errors += 1
+        self.metrics.bus_errors.labels(op).inc()
+        log.warning("bus %s failed (%s): %s", op, consequence, exc)
 
     def close(self) -> None:
         self.store.close()

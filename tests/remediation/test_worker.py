@@ -215,3 +215,58 @@ def test_rack_cap_counts_the_configured_racks_not_the_message_label(tmp_path: Pa
     assert b.details["guard"] == "rack_cap" and "rack 'r1'" in b.reason
     d = w.handle(incident("gpu-node-039", "gpu_fell_off_bus"))[0]  # r2 has one already: the rack cap holds
     assert (d.outcome, d.details["guard"]) == ("queued", "rack_cap")
+
+
+def test_bus_errors_are_counted_and_the_loop_carries_on(tmp_path: Path) -> None:
+    """Each bus call of the loop failing once, as the Kafka adapters fail while a broker restarts (they
+    raise BusError; tests/drills/test_broker_restart.py has the real broker): the worker counts and logs
+    each, handles every incident once, and the redelivery after a failed commit repeats nothing."""
+    from fleethealth.bus import BusError
+
+    class Flaky(InProcessBus):
+        fail_flush = fail_publish = 1
+
+        def flush(self, timeout: float | None = None) -> None:
+            if self.fail_flush:
+                self.fail_flush -= 1
+                raise BusError("Kafka flush: 1 message(s) not delivered within 10 s")
+            super().flush(timeout)
+
+        def publish(self, topic, key, value, headers=()):  # type: ignore[no-untyped-def]
+            if topic == ACTIONS and self.fail_publish:
+                self.fail_publish -= 1
+                raise BusError("Kafka send to fleet.actions.v1: the producer queue stayed full for 60 s")
+            return super().publish(topic, key, value, headers)
+
+    class FlakyConsumer:
+        def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+            self.inner, self.fail_poll, self.fail_commit, self.uncommitted = inner, 1, 1, []  # type: ignore[var-annotated]
+
+        def poll(self, timeout: float = 1.0, max_records: int = 500):  # type: ignore[no-untyped-def]
+            if self.fail_poll:
+                self.fail_poll -= 1
+                raise BusError("Kafka poll failed: Local: Broker transport failure")
+            return self.inner.poll(timeout, max_records)
+
+        def commit(self) -> None:
+            if self.fail_commit:
+                self.fail_commit -= 1
+                raise BusError('Kafka commit failed: KafkaError{code=_WAIT_COORD,str="Waiting for coordinator"}')
+            self.inner.commit()
+
+    bus = Flaky()
+    incs = [incident(host=f"gpu-node-{i:03d}", mode="gpu_thermal", severity="minor") for i in range(3)]
+    for inc in incs:
+        bus.publish(INCIDENTS, inc.host, encode(inc))
+    w = make_worker(tmp_path, bus=bus)
+    stats = w.run(FlakyConsumer(bus.consumer([INCIDENTS], "g")), exit_when_idle_s=0.3, poll_timeout=0.05)  # type: ignore[arg-type]
+    assert stats.bus_errors == 4 and stats.incidents == 3
+    text = generate_latest(w.metrics.registry).decode()
+    for op in ("poll", "publish", "flush", "commit"):
+        assert f'fleethealth_remediation_bus_errors_total{{op="{op}"}} 1.0' in text
+    assert len(w.tickets.list()) == 3  # every incident decided once
+    # the uncommitted batch, delivered again by a new owner: nothing is decided twice
+    again = w.run(bus.consumer([INCIDENTS], "g"), exit_when_idle_s=0.3, poll_timeout=0.05)
+    assert again.actions == 0 and len(w.tickets.list()) == 3
+    assert len(w.store.audit_rows()) == 3
+    assert len(bus.records(ACTIONS)) == 2  # one announcement lost to the failed publish; the audit has all three
