@@ -119,9 +119,15 @@ def incremental(limit: int = 5000, repeat: int = 3) -> list[Row]:
             decode(x)
 
     def dec_feed(raw: list[bytes], inc: bool) -> None:
-        eng, decode = DetectorEngine(), IncrementalDecoder().decode if inc else decode_sample
+        eng = DetectorEngine()
+        if not inc:
+            for x in raw:
+                eng.feed(decode_sample(x))
+            return
+        dec = IncrementalDecoder()
+        decode = dec.decode
         for x in raw:
-            eng.feed(decode(x))
+            eng.feed(decode(x), dec.base)  # the decoder's base, as the detect worker passes it
 
     rows = []
     for fmt, raw in (("JSON", lines), ("msgpack", packed)):

@@ -31,9 +31,10 @@ def worker_path(packed: list[bytes], extra: list[Any]) -> Callable[[], None]:
 
         for d in extra:
             d.reset()
-        eng, decode = DetectorEngine(extra_detectors=extra), IncrementalDecoder().decode
+        eng, dec = DetectorEngine(extra_detectors=extra), IncrementalDecoder()
+        decode = dec.decode
         for i, raw in enumerate(packed, 1):
-            eng.feed(decode(raw))
+            eng.feed(decode(raw), dec.base)  # the decoder's base, as the detect worker passes it
             if i % POLL_BATCH == 0:
                 eng.flush()
         eng.flush()

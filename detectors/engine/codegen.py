@@ -15,6 +15,7 @@ PCI address) so that a reordered or changed inventory falls back to a lookup by 
 from __future__ import annotations
 
 import linecache
+import typing
 import zlib
 from typing import Any
 
@@ -36,6 +37,7 @@ from detectors.engine.xidrule import XidTableRule
 MEM0 = 7
 SNAP, FLAG, SAME, NGPUS = 3, 4, 5, 3
 NVPREV = 6  # gpu scope: the GPU's nvlink object when the gpu loop last saw it
+GPOS = 5  # gpu scope: the position of the GPU whose gate last ran on this memory
 
 # scope -> (loop header lines, raw id expr, raw id 2 expr, component name expr)
 _LOOPS: dict[str, tuple[list[str], str, str, str]] = {
@@ -171,6 +173,18 @@ def _newmem(st: HostState, k: int, scope: str, i: int, rid: Any, rid2: Any, comp
     return mem
 
 
+def _moving(scope: str) -> set[str]:
+    """Fields a sample with the host's last base may change (HostState.same): ts, seq and the GPUs'
+    numbers of float type (the gauges), as the incremental decoder's byte templates fill them in."""
+    typ = SCOPES[scope][0]
+    hints = typing.get_type_hints(typ, include_extras=True)
+    return {f for f, t in hints.items() if _has_float(t)}
+
+
+def _has_float(t: Any) -> bool:
+    return t is float or any(_has_float(a) for a in typing.get_args(t))
+
+
 def _gauges(scope: str) -> set[str]:
     typ = SCOPES[scope][0]
     return {f for f, a in typ.__annotations__.items() if "Gauge" in str(a)}
@@ -229,12 +243,19 @@ def _all_gated(evs: list[Evaluator]) -> bool:
 
 
 def _gated(g: _Gen, scope: str, evs: list[Evaluator], ind: str, mark: str | None = None) -> list[str]:
+    gate, always, _, _ = _gated_parts(g, scope, evs, ind, mark)
+    return gate + always
+
+
+def _gated_parts(g: _Gen, scope: str, evs: list[Evaluator], ind: str,
+                 mark: str | None = None) -> tuple[list[str], list[str], bool, list[str]]:
     """Rules whose inputs are all unchanged since the last sample and that were all quiet then
     are skipped as a block: one tuple comparison of sub-structures instead of every rule. Rules
     reading gauges (temperature, utilisation) run every time; one reading a gauge only in its
     ``when`` / ``unless`` runs when the block's inputs changed or its expression held last time
     (:func:`semi_gated`). Findings keep the order of the code without the gate: the gated rules,
-    then the others in their order."""
+    then the others in their order. Returns (the gate's lines, the others', whether the gate sets
+    ``opened``, the attributes the gate's snapshot reads)."""
     gated, always, attrs, live = [], [], [], []
     semi = False
     for ev in evs:
@@ -259,6 +280,7 @@ def _gated(g: _Gen, scope: str, evs: list[Evaluator], ind: str, mark: str | None
         elif not isinstance(ev, CounterGroup) and ev in gated:
             live.append(f"mem[{ev.slot}]")
     lines: list[str] = []
+    rest: list[str] = []
     if gated or semi:
         parts = []
         for a in attrs:
@@ -282,10 +304,10 @@ def _gated(g: _Gen, scope: str, evs: list[Evaluator], ind: str, mark: str | None
             lines += ["else:", "    opened = False"]
     for ev in always:
         if semi_gated(ev):
-            lines += g.semi_lines(ev)  # type: ignore[arg-type]
+            rest += g.semi_lines(ev)  # type: ignore[arg-type]
         else:
-            lines += g.rule_lines(ev)
-    return [ind + ln for ln in lines]
+            rest += g.rule_lines(ev)
+    return [ind + ln for ln in lines], [ind + ln for ln in rest], semi, [a.split("|")[0] for a in attrs]
 
 
 def _snapkeys(d: Any, keys: tuple[str, ...]) -> Any:
@@ -330,7 +352,7 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
     # last run saw and none was live then (nvchg: set by the gpu loop)
     nvwhole = "gpu" in index and "nvlink" in index and _all_gated(scopes[index["nvlink"]][1])
     body = ["def evaluate(st, sample, out):"] + (["    n0 = len(out)"] if fold is not None else []) + [
-            "    ep = st.epoch_changed", "    pos = st.pos",
+            "    ep = st.epoch_changed", "    sk = st.same and not ep", "    pos = st.pos",
             "    any_xid = False", f"    gchg = {not tracked}", "    nvchg = False", "    gates = st.gates",
             f"    if len(gates) < {2 * len(scopes)}:", f"        gates[:] = [None, True] * {len(scopes)}"]
     order = [s for s in SCOPES if s != "host"] + ["host"]
@@ -379,12 +401,24 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
                  f"{ind}        continue"]
         if scope == "gpu":
             body += [f"{ind}if e.xids:", f"{ind}    any_xid = True"]
-            if nvwhole:
-                body += [f"{ind}if e.nvlink is not mem[{NVPREV}]:", f"{ind}    mem[{NVPREV}] = e.nvlink",
-                         f"{ind}    nvchg = True"]
-        if scope == "nvlink" and nvwhole:
-            body += [f"{ind}seen.append((mem, e))"]
-        body += _gated(g, scope, evs, ind, "gchg = True" if scope == "gpu" else None)
+            nv = [f"{ind}if e.nvlink is not mem[{NVPREV}]:", f"{ind}    mem[{NVPREV}] = e.nvlink",
+                  f"{ind}    nvchg = True"] if nvwhole else []
+            gate, rest, semi, attrs = _gated_parts(g, scope, evs, ind, "gchg = True")
+            if gate and not set(attrs) & _moving(scope):
+                # sk: the sample has the base of the host's last evaluated one (HostState.same): every
+                # GPU field but the gauges is the very object that sample held. A GPU at the position
+                # that last ran its gate (mem[GPOS], set only there: a GPU listed twice shares one
+                # memory) whose gate was closed would find the snapshot unchanged and the nvlink
+                # object the one it saw: the gate stays closed, as without the skip
+                body += [f"{ind}if sk and mem[{GPOS}] == i and not mem[{FLAG}]:",
+                         f"{ind}    {'opened = False' if semi else 'pass'}", f"{ind}else:",
+                         f"{ind}    mem[{GPOS}] = i"] + ["    " + ln for ln in nv + gate] + rest
+            else:
+                body += nv + gate + rest
+        else:
+            if scope == "nvlink" and nvwhole:
+                body += [f"{ind}seen.append((mem, e))"]
+            body += _gated(g, scope, evs, ind)
         if scope == "nvlink" and nvwhole:
             body += [f"{pre}for m, x in seen:", f"{pre}    if m[{SAME}] is not x or m[{FLAG}]:",
                      f"{pre}        live = True", f"{pre}gates[{2 * k}] = len(sample.gpus)", f"{pre}gates[{2 * k + 1}] = live"]

@@ -62,6 +62,12 @@ Why D's strict decode is that sample, or the same error:
 * The template found for D is the one filed under D's host bytes (a hint: any other template
   differs from D in the host's bytes, which lie outside the holes, and is refused).
 
+The base (:attr:`IncrementalDecoder.base`): P and every sample built on P's template share one
+token, and differ in nothing but ts, seq and the GPUs' gauges, every other field holding P's very
+object (the builder replaces only those). ``DetectorEngine.feed(sample, base)`` uses it to skip the
+GPU gates' snapshot compares a sample with the last one's base proves unchanged (same findings:
+tests/detectors/test_codegen.py); any other path gives None.
+
 Memory: per host, the Raw views keep the previous message buffer alive (one message per host, as
 large as a sample), and the signature (about the sample's size without its gauges; JSON only: the
 template stands in for it on msgpack) or the template (P's bytes, its sample); ``max_hosts``
@@ -71,9 +77,10 @@ partition moved away).
 
 from __future__ import annotations
 
+import struct
 import typing
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
@@ -254,25 +261,27 @@ def _host_key(data: bytes) -> bytes | None:
 
 
 _shapes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-_getters: dict[tuple[int, ...], tuple[Any, Any]] = {}  # the values' places -> their itemgetters (shared)
+_getters: dict[tuple[int, ...], tuple[Any, Any]] = {}  # the values' places -> their readers (shared)
 _MAX_GETTERS = 4096
 
 
 def _shape(names: tuple[tuple[int, str], ...], ngpus: int) -> tuple[Any, Any]:
     """A tuple decoder of the fields' own annotated types (their Meta constraints included) and a
-    builder ``build(prev, values) -> Sample`` with those fields replaced, for one layout."""
+    builder ``build(prev, *values) -> Sample`` with those fields replaced, for one layout (the
+    values its parameters: a local each, not an index into the tuple)."""
     got = _shapes.get((names, ngpus))
     if got is not None:
         return got
     types = tuple(_SAMPLE_HINTS[n] if g < 0 else _GPU_HINTS[n] for g, n in names)
     dec = msgspec.msgpack.Decoder(tuple.__class_getitem__(types))  # type: ignore[attr-defined]
-    top = [f"{n}=v[{i}]" for i, (g, n) in enumerate(names) if g < 0]
+    top = [f"{n}=v{i}" for i, (g, n) in enumerate(names) if g < 0]
     per: list[list[str]] = [[] for _ in range(ngpus)]
     for i, (g, n) in enumerate(names):
         if g >= 0:
-            per[g].append(f"{n}=v[{i}]")
+            per[g].append(f"{n}=v{i}")
     gpus = ", ".join(f"replace(g[{j}], {', '.join(kw)})" if kw else f"g[{j}]" for j, kw in enumerate(per))
-    src = (f"def build(s, v):\n    g = s.gpus\n"
+    params = "".join(f", v{i}" for i in range(len(names)))
+    src = (f"def build(s{params}):\n    g = s.gpus\n"
            f"    return replace(s, {', '.join([*top, f'gpus=[{gpus}]'])})\n")
     ns: dict[str, Any] = {"replace": msgspec.structs.replace}
     exec(compile(src, "<fastdecode template builder>", "exec"), ns)  # noqa: S102 - names come from the schema
@@ -291,8 +300,8 @@ class _Template:
     host: str
     size: int
     parts: list[bytes | None]
-    values: Any  # itemgetter of the values' slices
-    types: Any  # itemgetter of the fixed-width values' type bytes (positions ``typepos``)
+    values: Any  # the values' bytes, a tuple (one ``struct`` unpack: no slice object per value)
+    types: Any  # the fixed-width values' type bytes, a tuple of ints (positions ``typepos``)
     typebytes: tuple[int, ...]
     fixint: tuple[int, ...]  # indexes (into the values) of positive fixints: any byte 0x00-0x7f
     head: bytes  # array header of the values
@@ -302,6 +311,9 @@ class _Template:
     reused: int  # sub-objects a sample built on it shares (the statistics' "reused")
     given: bytes  # P's own values (head included), for check_cache
     key: bytes = b""  # the host value's bytes in P: where the decoder files it
+    # P's and every sample built on it (IncrementalDecoder.base): a small object of its own, so that
+    # an engine holding it keeps no old template alive
+    token: object = field(default_factory=object)
 
 
 def _template(data: bytes, env: Any, sample: Sample) -> _Template | None:
@@ -365,7 +377,7 @@ def _template(data: bytes, env: Any, sample: Sample) -> _Template | None:
     where = (*(x for a, b, _, _ in spans for x in (a, b)), -1, *fixint)  # what the two getters are made of
     getters = _getters.get(where)  # hosts of one make and model have the values at the same places
     if getters is None:
-        getters = itemgetter(*(slice(a, b) for a, b, _, _ in spans)), itemgetter(*typepos)
+        getters = _readers([(a, b) for a, b, _, _ in spans], typepos)
         if len(_getters) < _MAX_GETTERS:
             _getters[where] = getters
     values, types = getters
@@ -373,6 +385,21 @@ def _template(data: bytes, env: Any, sample: Sample) -> _Template | None:
     return _Template(env.host, len(data), parts, values, types, tuple(typebytes), tuple(fixint),
                      head, dec.decode, build, sample, len(env.gpus) * len(GPU_RAW) + len(SAMPLE_RAW),
                      head + b"".join(values(data)))
+
+
+def _readers(spans: list[tuple[int, int]], typepos: list[int]) -> tuple[Any, Any]:
+    """``values(data)``: the bytes of each span, ``types(data)``: the byte at each position, as
+    tuples, each one ``struct`` unpack (what ``itemgetter`` of slices and of indexes gives, without
+    a slice object, its index checks and a call per value: a third of the template's cost)."""
+    fmt, at = [">"], 0
+    for a, b in spans:
+        fmt.append(f"{a - at}x{b - a}s")
+        at = b
+    tfmt, at = [">"], 0
+    for a in typepos:
+        tfmt.append(f"{a - at}xB")
+        at = a + 1
+    return struct.Struct("".join(fmt)).unpack_from, struct.Struct("".join(tfmt)).unpack_from
 
 
 def _template_bytes(tpl: _Template) -> bytes:
@@ -449,6 +476,10 @@ class IncrementalDecoder:
         self._msgpack = (msgspec.msgpack.Decoder(_SampleEnvelope), msgspec.msgpack.Encoder())
         self._buf = bytearray()  # the canonical re-encoding, written in place: no 14 KB bytes a sample
         self._fast: dict[bytes, _Template] = {}  # host value's bytes -> its template (hosts in _hosts only)
+        # the last decoded sample's base (None: none): samples with one base are P and those built
+        # on P's template, which differ from P in nothing but ts, seq and the GPUs' gauges, all their
+        # other fields holding P's very objects (DetectorEngine.feed skips comparing those)
+        self.base: object = None
 
     def __call__(self, data: bytes | str) -> Sample:
         return self.decode(data)
@@ -458,15 +489,21 @@ class IncrementalDecoder:
         # Raw keeps a view of the input: only an immutable bytes object may be cached
         if type(data) is not bytes or len(data) > MAX_MESSAGE_BYTES or not data:
             self.stats.fallbacks += 1
+            self.base = None
             return decode_sample(data)
         packed = 0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)  # as schema._Codec.decode
         if packed and self._fast:  # empty unless self.templates
-            key = _host_key(data)
+            # the host's bytes: inline for a fixmap with "host" first and a fixstr value, as the
+            # producers write (_host_key's answer for it; either way only a hint, see _host_key)
+            t = data[6] if data[1:6] == b"\xa4host" and len(data) > 7 else 0
+            key = data[6:7 + (t & 0x1F)] if 0xA0 <= t <= 0xBF else _host_key(data)
             tpl = self._fast.get(key) if key is not None else None
             if tpl is not None and len(data) == tpl.size:
                 got = self._from_template(tpl, data)
                 if got is not None:
+                    self.base = tpl.token
                     return got
+        self.base = None
         dec, enc = self._msgpack if packed else self._json
         try:
             env = dec.decode(data)
@@ -481,7 +518,9 @@ class IncrementalDecoder:
             self.stats.fallbacks += 1
             return decode_sample(data)
         if packed and self.templates:
-            self._retemplate(data, env, sample)
+            tpl = self._retemplate(data, env, sample)
+            if tpl is not None:
+                self.base = tpl.token  # P: the sample its template builds on
         return sample
 
     def _from_template(self, tpl: _Template, data: bytes) -> Sample | None:
@@ -500,7 +539,7 @@ class IncrementalDecoder:
             v = tpl.decode(tpl.head + b"".join(vals))
         except msgspec.MsgspecError:  # a value its field refuses (NaN, out of range, a str, ...)
             return None
-        sample: Sample = tpl.build(tpl.sample, v)
+        sample: Sample = tpl.build(tpl.sample, *v)
         hosts = self._hosts
         hosts[tpl.host] = hosts.pop(tpl.host)  # least recently seen first, as in _assemble
         st = self.stats
@@ -508,20 +547,21 @@ class IncrementalDecoder:
         st.reused += tpl.reused
         return sample
 
-    def _retemplate(self, data: bytes, env: Any, sample: Sample) -> None:
+    def _retemplate(self, data: bytes, env: Any, sample: Sample) -> _Template | None:
         he = self._hosts.get(env.host)
         if he is None:
-            return
+            return None
         self._drop(he)
         tpl = _template(data, env, sample)
         key = _host_key(data)
         if tpl is None or key is None:
-            return
+            return None
         other = self._fast.get(key)  # only where the hint is not the host (tests): that host loses it
         if other is not None:
             self._drop(self._hosts.get(other.host))
         tpl.key = key
         he.tpl = self._fast[key] = tpl
+        return tpl
 
     def _drop(self, he: _HostEntry | None) -> None:
         """Drop a host's template (kept only while the host is kept)."""
@@ -618,7 +658,7 @@ class IncrementalDecoder:
         for host, he in self._hosts.items():
             tpl = he.tpl
             if tpl is not None and (self._fast.get(tpl.key) is not tpl or tpl.sample != decode_sample(
-                    _template_bytes(tpl)) or tpl.build(tpl.sample, tpl.decode(tpl.given)) != tpl.sample):
+                    _template_bytes(tpl)) or tpl.build(tpl.sample, *tpl.decode(tpl.given)) != tpl.sample):
                 bad.append(f"{host}: template")
             if he.sig and (len(he.outs) != len(he.gpus) or any(  # the bases of the next gauges
                     e is None or _gpu_with_gauges(o, e.out) != e.out for o, e in zip(he.outs, he.gpus, strict=False))):

@@ -158,6 +158,10 @@ class HostState:
     # per scope k, at 2k and 2k+1: the sample list last evaluated, any component live then
     # (see detectors.engine.codegen)
     gates: list[Any] = field(default_factory=list)
+    # the decoder's base token of the last sample evaluated (see DetectorEngine.feed), and whether the
+    # one being evaluated has that base: its GPUs' fields but the gauges are that sample's objects
+    base: Any = None
+    same: bool = False
     snapshot: bool = False  # stateless evaluation: counters count from zero
     facts: list[Any] = field(default_factory=list)  # snapshot only: parsed facts of the capture
     notes: list[str] = field(default_factory=list)  # bounded: last few state notes

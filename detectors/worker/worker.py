@@ -244,11 +244,12 @@ class DetectWorker:
             sample = self._admit(rec, now)
             if sample is None:
                 continue
+            base = self._decoder.base
             self._seen(sample, (rec.topic, rec.partition))
             if sample.ts >= engine.epoch_due:  # here, not in feed: a sample that breaks a rule keeps them
                 self._queue(engine.advance_epoch(sample.ts))
             try:
-                self._queue(self.engine.feed(sample))
+                self._queue(self.engine.feed(sample, base))
             except Exception as exc:  # a sample that breaks a rule must not stop the fleet's detection
                 log.exception("engine failed on a sample from %s", sample.host)
                 self._dead(rec, f"detector failure: {type(exc).__name__}: {exc}", "engine", now)
@@ -298,6 +299,7 @@ class DetectWorker:
         # each record's decode is its own)
         known = self.engine.hosts
         decoded: list[Sample | None] = [None] * len(records)
+        bases: list[object] = [None] * len(records)  # each decode's base (IncrementalDecoder.base)
         early = [False] * len(records)
         for k, idx in by_key.items():
             if k is not None and k not in known:
@@ -306,6 +308,7 @@ class DetectWorker:
                 self._at = i
                 early[i] = True
                 decoded[i] = self._decode(records[i], now)
+                bases[i] = self._decoder.base
         admitted: list[tuple[int, Sample]] = []
         self._batch, self._batch_new = {}, 0
         for i, rec in enumerate(records):  # cross-host decisions: in record order
@@ -314,6 +317,7 @@ class DetectWorker:
                 sample, decoded[i] = decoded[i], None
             else:
                 sample = self._decode(rec, now)
+                bases[i] = self._decoder.base
             if sample is None:
                 continue
             if self._admit_decoded(rec, sample, now):
@@ -330,7 +334,7 @@ class DetectWorker:
             ts = item[1].ts
             if ts >= due:  # record order reaches a fleet-time epoch: feed what came before it first
                 if seg:
-                    fed += self._feed_segment(seg, records, now, tagged)
+                    fed += self._feed_segment(seg, records, bases, now, tagged)
                     seg = {}
                 i = item[0]
                 for inc in engine.advance_epoch(ts):
@@ -342,18 +346,18 @@ class DetectWorker:
             else:
                 g2.append(item)
         if seg:
-            fed += self._feed_segment(seg, records, now, tagged)
+            fed += self._feed_segment(seg, records, bases, now, tagged)
         return fed
 
-    def _feed_segment(self, seg: dict[str, list[tuple[int, Sample]]], records: list[Record], now: float,
-                      tagged: list[tuple[int, Outgoing]]) -> int:
+    def _feed_segment(self, seg: dict[str, list[tuple[int, Sample]]], records: list[Record], bases: list[object],
+                      now: float, tagged: list[tuple[int, Outgoing]]) -> int:
         feed = self.engine.feed
         topic = self.incidents_topic
         fed = 0
         for items in seg.values():
             for i, sample in items:
                 try:
-                    incidents = feed(sample)
+                    incidents = feed(sample, bases[i])
                 except Exception as exc:  # a sample that breaks a rule must not stop the fleet's detection
                     log.exception("engine failed on a sample from %s", sample.host)
                     self._at = i

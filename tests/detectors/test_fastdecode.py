@@ -522,3 +522,39 @@ def test_truncated_msgpack_gives_the_same_error_with_templates_kept():
     for data in [mine[1][:n] for n in cuts] + [b"\x81\xa4host", b"\x81\xa4host\xd9", b"\xde\x00\x01\xa4host"]:
         same(outcome(dec.decode, data), outcome(decode_sample, data))
     assert dec.decode(mine[1]) == decode_sample(mine[1]) and dec.stats.templated == 1
+
+
+def test_samples_with_one_base_differ_only_in_the_template_values():
+    """IncrementalDecoder.base: P (the envelope-decoded sample a template is made of) and every sample
+    built on its template share one base; they differ in nothing but ts, seq and the GPUs' gauges,
+    every other field holding P's very object (what DetectorEngine.feed relies on to skip compares).
+    JSON, a fallback, a host's new template: another base or none."""
+    from detectors.engine.codegen import _moving
+    from detectors.engine.fastdecode import FAST_GPU, FAST_SAMPLE
+    from fleethealth.schema import Sample
+
+    assert set(FAST_GPU) <= _moving("gpu")  # the engine's skip reads none of the values a template fills in
+    lines = _smoke(1500)
+    dec = IncrementalDecoder()
+    first: dict[int, tuple[object, Sample]] = {}
+    based = 0
+    for raw in lines:
+        data = encode_packed(decode_sample(raw))
+        s = dec.decode(data)
+        if dec.base is None:
+            continue
+        based += 1
+        b, p = first.setdefault(id(dec.base), (dec.base, s))
+        assert b is dec.base and p.host == s.host
+        assert all(getattr(s, f) is getattr(p, f) for f in Sample.__struct_fields__ if f not in (*FAST_SAMPLE, "gpus"))
+        assert len(s.gpus) == len(p.gpus)
+        for g, h in zip(s.gpus, p.gpus, strict=True):
+            assert all(getattr(g, f) is getattr(h, f) for f in GpuSample.__struct_fields__ if f not in FAST_GPU)
+    assert based > 0.9 * len(lines) and len(first) < len(lines) / 4
+    dec.decode(lines[-1])
+    assert dec.base is None  # JSON
+    dec.decode(encode_packed(decode_sample(lines[-1])))
+    assert dec.base is not None
+    with pytest.raises(ContractError):
+        dec.decode(b"\x81\xa4host\x07")
+    assert dec.base is None

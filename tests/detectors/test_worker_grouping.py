@@ -78,10 +78,10 @@ class _Recording(DetectorEngine):
     longest_run = run = 0
     last = ""
 
-    def feed(self, sample):  # type: ignore[no-untyped-def]
+    def feed(self, sample, base=None):  # type: ignore[no-untyped-def]
         self.run = self.run + 1 if sample.host == self.last else 1
         self.last, self.longest_run = sample.host, max(self.longest_run, self.run)
-        return super().feed(sample)
+        return super().feed(sample, base)
 
 
 def _run(records: list[tuple[str, bytes]], grouped: bool, max_hosts: int) -> tuple[list[bytes], list[bytes], dict]:

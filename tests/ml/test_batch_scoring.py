@@ -186,10 +186,10 @@ def _worker_run(faulty_fleet: list[bytes], grouped: bool, suite) -> tuple[list[b
     runs: dict[str, Any] = {"run": 0, "longest": 0, "last": ""}
 
     class Engine(DetectorEngine):  # notes the longest run of one host's samples fed in a row
-        def feed(self, sample):  # type: ignore[no-untyped-def]
+        def feed(self, sample, base=None):  # type: ignore[no-untyped-def]
             runs["run"] = runs["run"] + 1 if sample.host == runs["last"] else 1
             runs["last"], runs["longest"] = sample.host, max(runs["longest"], runs["run"])
-            return super().feed(sample)
+            return super().feed(sample, base)
 
     engine = Engine(extra_detectors=[suite])
     assert engine.order_free
