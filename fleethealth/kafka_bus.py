@@ -315,8 +315,11 @@ def _listener(adapter: KafkaConsumerAdapter) -> Any:
     return Listener()
 
 
-def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8) -> None:
-    """Create topics that do not exist yet (idempotent)."""
+def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8, *, ready_s: float = 30.0) -> None:
+    """Create topics that do not exist yet (idempotent), then wait up to ``ready_s`` seconds until
+    every partition of each of ``topics`` has a leader: until then a topic just created (or one on a
+    broker just started) answers produce requests with NotLeaderForPartition. BusError if one
+    still has none."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -329,8 +332,23 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8) ->
                 admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass
+        end = time.monotonic() + ready_s
+        while waiting := _leaderless(admin, topics):
+            if time.monotonic() > end:
+                raise BusError(f"Kafka at {bootstrap}: no leader after {ready_s:.0f} s for {', '.join(waiting[:5])}")
+            time.sleep(0.1)
     finally:
         admin.close()
+
+
+def _leaderless(admin: Any, topics: Sequence[str]) -> list[str]:
+    """Those of ``topics`` whose metadata lacks the topic or a leader for one of its partitions."""
+    if not topics:
+        return []
+    ready = {t["name"] for t in admin.describe_topics(list(topics))
+             if t["error_code"] == 0 and t["partitions"]
+             and all(p["error_code"] == 0 and p["leader_id"] >= 0 for p in t["partitions"])}
+    return [t for t in topics if t not in ready]
 
 
 def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:

@@ -222,3 +222,27 @@ def test_failures_only_delivery_reports_raise_at_flush_for_what_the_broker_refus
         delete_topics(kafka_bootstrap, [topic])
     with pytest.raises(ValueError, match="delivery_reports"):
         kafka_bus(kafka_bootstrap, client, delivery_reports="some")
+
+
+def test_ensure_topics_returns_once_every_partition_has_a_leader(kafka_bootstrap):
+    """What a producer needs of a fresh topic (a just-started broker answered the bench's first sends
+    with NotLeaderForPartition): ensure_topics waits for each partition's leader; the check names a
+    topic the broker does not know and never creates it."""
+    from kafka.admin import KafkaAdminClient
+
+    from fleethealth.kafka_bus import _leaderless, delete_topics
+
+    tag = uuid.uuid4().hex[:10]
+    topics = [f"test.{tag}.lead{i}" for i in range(2)]
+    missing = f"test.{tag}.never"
+    ensure_topics(kafka_bootstrap, topics, partitions=4)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap.split(","), client_id="fleethealth-test")
+    try:
+        meta = admin.describe_topics(topics)
+        assert sorted(len(t["partitions"]) for t in meta) == [4, 4]
+        assert all(p["leader_id"] >= 0 for t in meta for p in t["partitions"])
+        assert _leaderless(admin, [*topics, missing]) == [missing]
+        assert missing not in admin.list_topics()
+    finally:
+        admin.close()
+        delete_topics(kafka_bootstrap, topics)
