@@ -375,6 +375,39 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
         header, rid, rid2, name = _LOOPS[scope]
         whole = _WHOLE.get(scope) if _all_gated(evs) else None
         pre = "    "
+        if scope == "gpu":
+            gate, rest, semi, attrs = _gated_parts(g, scope, evs, "", "gchg = True")
+            nv = [f"if e.nvlink is not mem[{NVPREV}]:", f"    mem[{NVPREV}] = e.nvlink", "    nvchg = True"] if nvwhole else []
+            skippable = bool(gate) and not set(attrs) & _moving(scope)
+        if scope == "gpu" and skippable:
+            # sk: the sample has the base of the host's last evaluated one (HostState.same): every
+            # GPU field but the gauges is the very object that sample held. gm (HostState.gpu_mems):
+            # the memory of each GPU position as the last full loop found it, when every position
+            # had one of its own (a GPU listed twice shares one: then None); with both, the rid
+            # checks would pass and a closed gate would find its snapshot and the nvlink object
+            # unchanged and stay closed, as without the skip: only a live gate (mem[FLAG]) runs
+            # (the GPUs' Xid lists are the last sample's too: so is any_xid). A closed gate leaves
+            # opened False: its rules' ``opened or`` is left out there
+            ind = "            "
+            closed = [ln.replace("if opened or mem[", "if mem[", 1) for ln in rest]
+            body += ["    gm = st.gpu_mems", "    if sk and gm is not None:", "        any_xid = st.gpu_xid",
+                     "        for e, mem in zip(sample.gpus, gm):",
+                     f"{ind}if mem[{FLAG}]:"] + [f"{ind}    {ln}" for ln in nv + gate + rest] + [
+                     f"{ind}else:"] + [f"{ind}    {ln}" for ln in closed or ["pass"]]
+            body += ["    else:", "        gm = []", f"        pc = pos[{k}] if len(pos) > {k} else ()", "        npc = len(pc)",
+                     "        for i, e in enumerate(sample.gpus):", f"{ind}mem = pc[i] if i < npc else None",
+                     f"{ind}if mem is None or mem[1] != ({rid}) or mem[2] != ({rid2}):", f"{ind}    gchg = True",
+                     f"{ind}    mem = NEWMEM(st, {k}, {scope!r}, i, {rid}, {rid2}, {name}, {n})",
+                     f"{ind}    if mem is None:", f"{ind}        continue", f"{ind}gm.append(mem)",
+                     f"{ind}if e.xids:", f"{ind}    any_xid = True",
+                     # a position that last ran its gate (mem[GPOS], set only there) with the gate
+                     # closed: as above (here when a GPU listed twice left gm None)
+                     f"{ind}if sk and mem[{GPOS}] == i and not mem[{FLAG}]:",
+                     f"{ind}    {'opened = False' if semi else 'pass'}", f"{ind}else:", f"{ind}    mem[{GPOS}] = i"]
+            body += [f"{ind}    {ln}" for ln in nv + gate] + [ind + ln for ln in rest]
+            body += ["        st.gpu_mems = gm if len(gm) == len(sample.gpus) and len(set(map(id, gm))) == len(gm) else None",
+                     "        st.gpu_xid = any_xid"]
+            continue
         if scope == "nvlink" and nvwhole:
             # skipped as a whole (see nvwhole) when, after its last run, every GPU's nvlink memory
             # held that GPU's object and none was live: the run that follows records whether it does
@@ -400,21 +433,7 @@ def compile_ruleset(scopes: list[tuple[str, list[Evaluator], int]], fold: tuple[
                  f"{ind}    if mem is None:"] + ([f"{ind}        live = True"] if scope == "nvlink" and nvwhole else []) + [
                  f"{ind}        continue"]
         if scope == "gpu":
-            body += [f"{ind}if e.xids:", f"{ind}    any_xid = True"]
-            nv = [f"{ind}if e.nvlink is not mem[{NVPREV}]:", f"{ind}    mem[{NVPREV}] = e.nvlink",
-                  f"{ind}    nvchg = True"] if nvwhole else []
-            gate, rest, semi, attrs = _gated_parts(g, scope, evs, ind, "gchg = True")
-            if gate and not set(attrs) & _moving(scope):
-                # sk: the sample has the base of the host's last evaluated one (HostState.same): every
-                # GPU field but the gauges is the very object that sample held. A GPU at the position
-                # that last ran its gate (mem[GPOS], set only there: a GPU listed twice shares one
-                # memory) whose gate was closed would find the snapshot unchanged and the nvlink
-                # object the one it saw: the gate stays closed, as without the skip
-                body += [f"{ind}if sk and mem[{GPOS}] == i and not mem[{FLAG}]:",
-                         f"{ind}    {'opened = False' if semi else 'pass'}", f"{ind}else:",
-                         f"{ind}    mem[{GPOS}] = i"] + ["    " + ln for ln in nv + gate] + rest
-            else:
-                body += nv + gate + rest
+            body += [f"{ind}if e.xids:", f"{ind}    any_xid = True"] + [ind + ln for ln in nv + gate + rest]
         else:
             if scope == "nvlink" and nvwhole:
                 body += [f"{ind}seen.append((mem, e))"]

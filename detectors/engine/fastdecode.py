@@ -249,6 +249,10 @@ def _array_head(n: int) -> bytes:
 
 def _host_key(data: bytes) -> bytes | None:
     """The host value's bytes (a hint for the candidate base; the byte compare decides)."""
+    # first the producers' layout: a map16 (msgspec writes a struct as one), "host" first, a fixstr
+    t = data[8] if data[:1] == b"\xde" and data[3:8] == b"\xa4host" and len(data) > 9 else 0
+    if 0xA0 <= t <= 0xBF:
+        return data[8:9 + (t & 0x1F)]
     at = 1 if data[0] != 0xDE else 3
     if data[at:at + 5] != b"\xa4host" or len(data) < at + 7:
         return None
@@ -493,10 +497,7 @@ class IncrementalDecoder:
             return decode_sample(data)
         packed = 0x80 <= data[0] <= 0x8F or data[0] in (0xDE, 0xDF)  # as schema._Codec.decode
         if packed and self._fast:  # empty unless self.templates
-            # the host's bytes: inline for a fixmap with "host" first and a fixstr value, as the
-            # producers write (_host_key's answer for it; either way only a hint, see _host_key)
-            t = data[6] if data[1:6] == b"\xa4host" and len(data) > 7 else 0
-            key = data[6:7 + (t & 0x1F)] if 0xA0 <= t <= 0xBF else _host_key(data)
+            key = _host_key(data)
             tpl = self._fast.get(key) if key is not None else None
             if tpl is not None and len(data) == tpl.size:
                 got = self._from_template(tpl, data)

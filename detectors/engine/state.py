@@ -162,6 +162,8 @@ class HostState:
     # one being evaluated has that base: its GPUs' fields but the gauges are that sample's objects
     base: Any = None
     same: bool = False
+    gpu_mems: list[Any] | None = None  # the rule memory of each GPU position, see detectors.engine.codegen
+    gpu_xid: bool = False  # and whether a GPU listed an Xid then
     snapshot: bool = False  # stateless evaluation: counters count from zero
     facts: list[Any] = field(default_factory=list)  # snapshot only: parsed facts of the capture
     notes: list[str] = field(default_factory=list)  # bounded: last few state notes
