@@ -342,12 +342,13 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 8, *,
 
 
 def _leaderless(admin: Any, topics: Sequence[str]) -> list[str]:
-    """Those of ``topics`` whose metadata lacks the topic or a leader for one of its partitions."""
+    """Those of ``topics`` whose metadata lacks the topic or a leader for one of its partitions
+    (kafka-python 3 names the fields ``name``/``leader_id``, 2.x ``topic``/``leader``)."""
     if not topics:
         return []
-    ready = {t["name"] for t in admin.describe_topics(list(topics))
+    ready = {t.get("name", t.get("topic")) for t in admin.describe_topics(list(topics))
              if t["error_code"] == 0 and t["partitions"]
-             and all(p["error_code"] == 0 and p["leader_id"] >= 0 for p in t["partitions"])}
+             and all(p["error_code"] == 0 and p.get("leader_id", p.get("leader", -1)) >= 0 for p in t["partitions"])}
     return [t for t in topics if t not in ready]
 
 
