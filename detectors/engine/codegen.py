@@ -10,6 +10,12 @@ Per-component memory is a list: ``[component name, raw id, raw id 2, gate slots,
 (the slots a quiet sample reads first, see :func:`read_every_sample`), found by
 position in the host's per-scope cache and checked against the element's raw id (UUID, port,
 PCI address) so that a reordered or changed inventory falls back to a lookup by name.
+
+A sample whose decoder base is the host's last evaluated sample's (``HostState.same``, see
+``DetectorEngine.feed``) holds that sample's very objects in every GPU field but the gauges: the GPU
+loop then walks the memories the last full loop recorded per position (when no two positions share
+one) and runs only the gates that were live and the rules that read gauges; every other gate would
+have found its snapshot unchanged.
 """
 
 from __future__ import annotations
