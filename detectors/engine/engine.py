@@ -96,6 +96,8 @@ class DetectorEngine:
                  precedence: Precedence | None = None, auto_tick: bool = True) -> None:
         self.rules = rules if rules is not None else RuleSet.load()
         self.extra = list(extra_detectors)
+        # (detector, whether its feed takes the decoder's base too: ``takes_base`` true, as MLSuite's)
+        self._feeds: list[tuple[Any, bool]] = [(d, bool(getattr(d, "takes_base", False))) for d in self.extra]
         self.precedence = precedence or Precedence.load()
         self.episodes = IncidentEpisodes(update_every_s)
         self.hosts: dict[str, HostState] = {}
@@ -175,9 +177,9 @@ class DetectorEngine:
         finally:
             st.same = False
         st.base = base
-        for d in self.extra:
+        for d, takes_base in self._feeds:
             try:
-                findings.extend(d.feed(sample))
+                findings.extend(d.feed(sample, base) if takes_base else d.feed(sample))
             except Exception:  # a broken model must not stop the rules
                 self.stats["detector_errors"] += 1
                 log.exception("detector %s failed on a sample from %s", getattr(d, "name", d), sample.host)

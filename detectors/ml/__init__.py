@@ -82,8 +82,10 @@ class MLSuite:
         """The fleet-time period the engine scores the held windows at: the members' ``batch_s``."""
         return min(m.batch_s for m in self.members)
 
-    def feed(self, sample: Sample) -> list[Finding]:
-        w = self.stream.feed(sample)
+    takes_base = True  # DetectorEngine feeds it the decoder's base (FeatureStream.feed)
+
+    def feed(self, sample: Sample, base: object = None) -> list[Finding]:
+        w = self.stream.feed(sample, base)
         if w is not None:
             for m in self.members:
                 m.pending.append(w)

@@ -149,15 +149,26 @@ class HostFeatureState:
     aer_seen: object = None
     edac_seen: object = None
     reuse: bool = True  # False: recompute every part at every close (the reference the tests compare with)
+    # the decoder's base (detectors.engine.fastdecode.IncrementalDecoder.base) of the last sample
+    # accumulated, when that sample added nothing (no throttle bit, Xid, lost GPU or kernel event): a
+    # sample with the same base holds the same GPU fields but its gauges, hence adds nothing either
+    quiet_base: object = None
+    # the base of the last window's closing sample and what _close read of its GPUs but the gauges
+    # (the GPUs' PCI keys, how many answered): the same for a closing sample with that base
+    close_base: tuple[object, list[str], int] = (None, [], 0)
 
 
-def _accumulate(st: HostFeatureState, s: Sample) -> None:
+def _accumulate(st: HostFeatureState, s: Sample) -> bool:
+    """Add the sample's events to the window's accumulators; True when it added nothing."""
     thr = st.throttle
+    quiet = not s.kernel_events
     for g in s.gpus:
         r = g.clocks_event_reasons
         if r and r & _THR_MASK:  # only the bits a feature reads are kept
             thr[g.index] = thr.get(g.index, 0) | (r & _THR_MASK)
+            quiet = False
         if g.xids:
+            quiet = False
             slots = _xid_slots()
             row = st.xids.setdefault(g.index, [0] * N_XID)
             for xe in g.xids:
@@ -167,6 +178,7 @@ def _accumulate(st: HostFeatureState, s: Sample) -> None:
                     row[lab] += 1
         if not g.present or g.nvml_error:
             st.lost.add(g.index)
+            quiet = False
     if s.kernel_events:
         k = st.kern
         for ev in s.kernel_events:
@@ -176,6 +188,7 @@ def _accumulate(st: HostFeatureState, s: Sample) -> None:
                 k[1] += 1
             elif ev.kind == "aer":
                 k[2] += 1
+    return quiet
 
 
 def _gpu_counters(g: GpuSample) -> list[int | None]:
@@ -335,18 +348,20 @@ def _gauge_rows(gpus: list[GpuSample]) -> list[list[float]]:
 
 
 def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
-                aer_d: dict[str, list[int]]) -> tuple[np.ndarray, list[str]]:
+                aer_d: dict[str, list[int]], same: bool = False) -> tuple[np.ndarray, list[str]]:
     """The window's GPU rows (n_gpus, len(GPU_FEATURES)) and the GPUs' component ids.
 
     ``row[:_STATIC]`` (counter rates, state flags, PCIe ratios) comes from the host's cached quiet
     block when no GPU's sub-objects changed since the last close; gauges and the window's events
-    are written over it column-wise, and the peer columns use the host's median GPU."""
+    are written over it column-wise, and the peer columns use the host's median GPU. ``same``: the
+    GPUs are the last close's but for their gauges (the decoder's base says so), whose block holds."""
     n = len(gpus)
-    parts = [_gpu_parts(g) for g in gpus]
     block = st.gpu_block
-    if block is not None and st.reuse and block[0] == parts:
+    parts = None if same and block is not None else [_gpu_parts(g) for g in gpus]
+    if block is not None and st.reuse and (parts is None or block[0] == parts):
         ids, m, lows = block[1], block[2].copy(), block[3]
     else:  # some GPU's counters or flags changed: per GPU, the changed ones recomputed
+        parts = parts if parts is not None else [_gpu_parts(g) for g in gpus]
         ids, rows, lows = [], [], []
         for g, pt in zip(gpus, parts, strict=True):
             key = gpu_component(g)
@@ -365,7 +380,7 @@ def _gpu_matrix(st: HostFeatureState, gpus: list[GpuSample], per_min: float,
         m = np.zeros((n, _NF))
         m[:, :_STATIC] = np.array(rows, dtype=np.float64).reshape(n, _STATIC)
     if n:
-        m.T[_I_TEMP:_I_UTIL_DEV + 1] = _gauge_columns(gpus)
+        m[:, _I_TEMP:_I_UTIL_DEV + 1] = np.array(_gauge_columns(gpus), dtype=np.float64).T
     if lows is not None and any(low < 1.0 for low in lows):
         for i, (g, low) in enumerate(zip(gpus, lows, strict=True)):
             if (g.utilization_pct or 0.0) >= 30.0 and low < 1.0:  # links downshift at idle by design
@@ -421,8 +436,12 @@ def _port_peers(rows: list[list[float]]) -> None:
         r[-1] = v - med
 
 
-def update(st: HostFeatureState, s: Sample, window_s: float = 60.0, max_gap_s: float = 600.0) -> WindowFeatures | None:
-    """Feed one sample; return the window's features when ``s`` closes a window, else None."""
+def update(st: HostFeatureState, s: Sample, window_s: float = 60.0, max_gap_s: float = 600.0,
+           base: object = None) -> WindowFeatures | None:
+    """Feed one sample; return the window's features when ``s`` closes a window, else None.
+    ``base``: the decoder's base of ``s`` (:attr:`detectors.engine.fastdecode.IncrementalDecoder.base`,
+    or None): a sample with the base of the host's last one that added no event adds none either
+    (they differ in ts, seq and the GPUs' gauges only), and its per-GPU event scan is skipped."""
     if s.ts <= st.last_ts:
         st.skipped += 1
         return None
@@ -430,13 +449,14 @@ def update(st: HostFeatureState, s: Sample, window_s: float = 60.0, max_gap_s: f
               or s.ts - st.last_ts > max_gap_s)
     st.last_ts = s.ts
     if rebase:
-        _rebaseline(st, s)
+        _rebaseline(st, s, base)
         return None
-    _accumulate(st, s)
+    if base is None or base is not st.quiet_base or not st.reuse:
+        st.quiet_base = base if _accumulate(st, s) else None
     if s.ts - st.t0 < window_s:
         return None
     per_min = 60.0 / (s.ts - st.t0)
-    out = _close(st, s, per_min)
+    out = _close(st, s, per_min, base)
     st.t0 = s.ts
     st.throttle.clear()
     st.xids.clear()
@@ -445,18 +465,23 @@ def update(st: HostFeatureState, s: Sample, window_s: float = 60.0, max_gap_s: f
     return out
 
 
-def _rebaseline(st: HostFeatureState, s: Sample) -> None:
+def _rebaseline(st: HostFeatureState, s: Sample, base: object = None) -> None:
     fresh = HostFeatureState(boot_id=s.boot_id, last_ts=s.ts, t0=s.ts, skipped=st.skipped, reuse=st.reuse)
     for name in HostFeatureState.__slots__:  # type: ignore[attr-defined]
         setattr(st, name, getattr(fresh, name))
-    _close(st, s, 0.0)  # takes the snapshots; its rows are discarded
+    _close(st, s, 0.0, base)  # takes the snapshots; its rows are discarded
 
 
-def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
+def _close(st: HostFeatureState, s: Sample, per_min: float, base: object = None) -> WindowFeatures:
     """The window's rows. Unchanged parts: a GPU whose ECC / remap / retirement / PCIe / NVLink
     sub-objects equal those of the last close, a port list, AER list or EDAC list equal to the last
     close's, moved no counter, so their deltas are zero and their rows are the cached quiet ones
-    (with the incremental decoder these are the same objects and the test is one identity check)."""
+    (with the incremental decoder these are the same objects and the test is one identity check).
+    ``base``: the decoder's base of ``s`` (None: none known); a closing sample with the base of the
+    last close's holds that one's GPUs but for their gauges, so their sub-objects are not compared
+    and their PCI keys and presence are the last close's."""
+    cb = st.close_base
+    same = base is not None and base is cb[0] and st.reuse
     aer_d: dict[str, list[int]] = {}
     other_cor = other_uncor = 0.0
     if s.aer != st.aer_seen or not st.reuse:
@@ -473,7 +498,7 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
                 if k not in gpu_addrs:
                     other_cor += d[0] * per_min
                     other_uncor += d[1]
-    gpu, gpu_ids = _gpu_matrix(st, s.gpus, per_min, aer_d)
+    gpu, gpu_ids = _gpu_matrix(st, s.gpus, per_min, aer_d, same)
     ports_obj, quiet_ports, port_ids = st.ports_seen
     if quiet_ports is not None and st.reuse and s.net_ports == ports_obj:
         port = quiet_ports
@@ -506,12 +531,17 @@ def _close(st: HostFeatureState, s: Sample, per_min: float) -> WindowFeatures:
                 if dd[0] > best_ce:
                     best_dimm, best_ce = dimm.label, dd[0]
     host[2] = best_ce * per_min * X_DIMM
-    present = sum(1 for g in s.gpus if g.present and g.nvml_error is None)
+    if same:
+        gpu_pci, present = cb[1].copy(), cb[2]
+    else:
+        gpu_pci = [pci_key(g.pci_bus_id) if g.pci_bus_id else "" for g in s.gpus]
+        present = sum(1 for g in s.gpus if g.present and g.nvml_error is None)
+        st.close_base = (base, gpu_pci.copy(), present) if base is not None else (None, [], 0)
     host[3] = float(max(0, s.expected_gpus - present)) if s.expected_gpus else 0.0
     host[4], host[5], host[6] = st.kern
     host[7], host[8] = other_cor, other_uncor
     return WindowFeatures(s.host, s.cluster, s.rack, st.t0, s.ts, gpu_ids, gpu, port_ids, port, host, best_dimm,
-                          [pci_key(g.pci_bus_id) if g.pci_bus_id else "" for g in s.gpus])
+                          gpu_pci)
 
 
 class FeatureStream:
@@ -531,14 +561,15 @@ class FeatureStream:
         self._last: tuple[Sample | None, WindowFeatures | None] = (None, None)
         self._fed = 0
 
-    def feed(self, s: Sample) -> WindowFeatures | None:
+    def feed(self, s: Sample, base: object = None) -> WindowFeatures | None:
+        """``base``: the decoder's base of ``s`` (see :func:`update`; None: none known)."""
         if s is self._last[0] and self._fed < self.consumers:
             self._fed += 1
             return self._last[1]
         st = self.hosts.get(s.host)
         if st is None:
             st = self.hosts[s.host] = HostFeatureState(reuse=self.reuse)
-        w = update(st, s, self.window_s, self.max_gap_s)
+        w = update(st, s, self.window_s, self.max_gap_s, base)
         self._last, self._fed = (s, w), 1
         return w
 

@@ -12,10 +12,10 @@ import pytest
 
 from detectors.engine.fastdecode import IncrementalDecoder
 from detectors.ml import MODEL_DIR, load_peer, load_supervised
-from detectors.ml.features import FeatureStream, WindowFeatures
+from detectors.ml.features import GI, HI, FeatureStream, WindowFeatures
 from detectors.ml.supervised import STATE_MODES
 from fleethealth.bus import iter_jsonl
-from fleethealth.schema import GpuSample, NetPort, Sample, decode_sample
+from fleethealth.schema import GpuSample, NetPort, Sample, decode_sample, encode_packed
 from simulator.engine import simulate
 from simulator.plan import RunSpec
 from tests.ml.synth import fleet
@@ -49,11 +49,26 @@ def test_reused_parts_give_the_recomputed_features(faulty_fleet: list[bytes]) ->
     strict = [decode_sample(b) for b in faulty_fleet]
     dec = IncrementalDecoder()
     shared = [dec.decode(b) for b in faulty_fleet]
+    dec = IncrementalDecoder()
+    packed, bases = [], []  # msgpack (the wire's default), where the decoder hands out bases
+    for b in faulty_fleet:
+        packed.append(dec.decode(encode_packed(decode_sample(b))))
+        bases.append(dec.base)
     ref = _windows(FeatureStream(reuse=False), strict)
     moved = sum(1 for w in ref if w.gpu[:, :23].any() or w.port[:, :8].any() or w.host_row.any())
     assert len(ref) > 500 and moved > 50  # counters really move in this fleet
-    for samples in (shared, strict):
-        got = _windows(FeatureStream(), samples)
+    events = sum(1 for w in ref if w.gpu[:, GI["thr_hw_slowdown"]:].any() or w.host_row[HI["kern_mce"]:].any())
+    assert events > 20  # and throttle bits, Xids, lost GPUs, kernel events are accumulated
+    # the decoder's bases: FeatureStream.feed(s, base) skips what a host's repeated base proves unchanged
+    last: dict[str, object] = {}
+    repeats = 0
+    for s, base in zip(packed, bases, strict=True):
+        repeats += base is not None and last.get(s.host) is base
+        last[s.host] = base
+    assert repeats > 1000
+    with_bases = FeatureStream()
+    based = [w for s, base in zip(packed, bases, strict=True) if (w := with_bases.feed(s, base)) is not None]
+    for got in (_windows(FeatureStream(), shared), _windows(FeatureStream(), strict), based):
         assert len(got) == len(ref)
         bad = [(w.host, w.ts) for w, r in zip(got, ref, strict=True) if not _same(w, r)]
         assert bad == []
