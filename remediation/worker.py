@@ -597,14 +597,17 @@ class RemediationWorker:
         idle_since = time.monotonic()
         last_tick = 0.0
         errors_before = self.bus_errors
+        pause: Callable[[float], object] = stop.wait if stop is not None else time.sleep
         while stop is None or not stop.is_set():
             try:
                 records = consumer.poll(timeout=poll_timeout)
             except BusError as exc:  # the broker is away: nothing was handed over, nothing is owed
-                self.bus_error("poll", exc, "retrying")
-                if stop is not None and stop.wait(min(1.0, max(poll_timeout, 0.05))):
+                self.bus_error("poll", exc, "retrying in 1 s")
+                if pause(1.0):
                     break
-                records = []
+                # not idleness (as in the detect worker); the tick below still runs: queued drains,
+                # settling and ticket delivery need no broker
+                records, idle_since = [], time.monotonic()
             for rec in records:
                 stats.actions += len(self.handle_record(rec))
                 stats.incidents += 1
