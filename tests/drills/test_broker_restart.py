@@ -23,11 +23,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from fleethealth.bus import TELEMETRY, TOPICS
+from fleethealth.bus import INCIDENTS, TELEMETRY, TOPICS
+from fleethealth.config import open_bus
 from fleethealth.kafka_bus import ensure_topics
-from fleethealth.schema import decode_sample
+from fleethealth.schema import decode_sample, encode
+from remediation.settings import AllSettings
+from remediation.worker import RemediationWorker
 from tests.drills import harness as h
 from tests.drills.private_kafka import PrivateKafka
+from tests.remediation.helpers import incident
 
 pytestmark = [pytest.mark.drill, pytest.mark.kafka, pytest.mark.slow]
 SPEED = 60
@@ -118,13 +122,6 @@ def test_remediation_worker_carries_on_when_the_broker_goes_at_commit(tmp_path: 
     exited here is what the drill above timed out on under CI load. The default client (confluent);
     kafka-python's adapter raises the same BusError (ECONNREFUSED) when its commit fails, but its commit
     may instead wait inside the client until the broker is back, so the moment is not deterministic."""
-    from fleethealth.bus import INCIDENTS
-    from fleethealth.config import open_bus
-    from fleethealth.schema import encode
-    from remediation.settings import AllSettings
-    from remediation.worker import RemediationWorker
-    from tests.remediation.helpers import incident
-
     broker, tmp, client = private_kafka, tmp_path, "confluent"
     ensure_topics(broker.bootstrap, TOPICS, 2)
     bus = open_bus(f"kafka:{broker.bootstrap}", None, client)
