@@ -61,8 +61,14 @@ def test_broker_restart_mid_stream_loses_nothing_and_acts_once(tmp_path: Path, p
         broker.restart(down_s=3.0)
 
         assert replay.popen.wait(120) == 0, replay.text()[-3000:]
-        h.wait_until(lambda: h.group_lag(broker.bootstrap, "drill-detect", TELEMETRY) == 0, 60, 1.0,
-                     "the detect group to commit past the last sample")
+        try:
+            h.wait_until(lambda: h.group_lag(broker.bootstrap, "drill-detect", TELEMETRY) == 0 or not det.alive(),
+                         120, 1.0, "the detect group to commit past the last sample")
+        except AssertionError as exc:
+            lag = h.group_lag(broker.bootstrap, "drill-detect", TELEMETRY)
+            raise AssertionError(f"{exc}: {lag} sample(s) not committed; detect's log ends:\n"
+                                 f"{det.text()[-3000:]}") from None
+        assert det.alive(), f"detect died across the broker restart:\n{det.text()[-3000:]}"
         on_topic = Counter((s.host, s.seq) for s in map(decode_sample, h.read_topic(broker.bootstrap, TELEMETRY)))
         incidents = h.read_incidents(broker.bootstrap)
         got = h.opened(incidents)
